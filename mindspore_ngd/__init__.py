@@ -1,0 +1,16 @@
+"""mindspore_ngd: natural-gradient optimizers (K-FAC family) for MindSpore."""
+import logging as _logging
+
+from .optim import KFAC, NGDOptimizer, Policy, default_decay_filter
+from .inspect import kronecker_factors
+
+__version__ = "0.1.0"
+__all__ = ["KFAC", "NGDOptimizer", "Policy", "default_decay_filter", "kronecker_factors", "__version__"]
+
+_logger = _logging.getLogger("mindspore_ngd")
+if not _logger.handlers:
+    _handler = _logging.StreamHandler()
+    _handler.setFormatter(_logging.Formatter("[mindspore_ngd] %(message)s"))
+    _logger.addHandler(_handler)
+    _logger.setLevel(_logging.INFO)
+    _logger.propagate = False

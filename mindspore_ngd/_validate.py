@@ -1,0 +1,56 @@
+"""Small argument validators with messages that name the argument and the allowed range.
+
+They run in constructors, before any graph is compiled.
+"""
+import numbers
+
+import numpy as np
+
+
+def _is_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def positive_float(name, value):
+    if not _is_number(value):
+        raise TypeError(f"{name} must be a positive float, got {type(value).__name__} {value!r}")
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def non_negative_float(name, value):
+    if not _is_number(value):
+        raise TypeError(f"{name} must be a float >= 0, got {type(value).__name__} {value!r}")
+    if not np.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def float_in_range(name, value, low, high, high_inclusive=False):
+    """A float in [low, high) (or [low, high] when high_inclusive)."""
+    if not _is_number(value):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__} {value!r}")
+    upper_ok = value <= high if high_inclusive else value < high
+    if not np.isfinite(value) or value < low or not upper_ok:
+        bracket = "]" if high_inclusive else ")"
+        raise ValueError(f"{name} must be in [{low}, {high}{bracket}, got {value!r}")
+    return float(value)
+
+
+def positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral,)):
+        raise TypeError(f"{name} must be an int >= 1, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return int(value)
+
+
+def one_of(name, value, allowed):
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {sorted(allowed)}, got {value!r}")
+    return value
+
+
+def optional_positive_float(name, value):
+    return None if value is None else positive_float(name, value)

@@ -1,0 +1,232 @@
+"""Capture of Kronecker-factor statistics inside the user's own Dense and Conv2d cells.
+
+``attach(network, ...)`` finds the ``nn.Dense`` and ``nn.Conv2d`` cells of a network and turns each
+supported one into a capturing cell *in place*: the cell object, its parameters and their names
+stay exactly as they were (``ms.save_checkpoint(net, ...)`` writes the same keys as before), only
+its class becomes a subclass whose ``construct`` also
+
+* computes the batch A factor from the layer input in the forward pass, and
+* registers ``ops.InsertGradientOf`` on the layer output (before any fused activation) to compute
+  the batch G factor from the output gradient in the backward pass,
+
+each guarded by a boolean flag Parameter so that a step that refreshes nothing runs neither the
+im2col nor the covariance matmul (the branch is a run-time ``if`` in the compiled graph). Capture
+only runs while the network is in training mode (``set_train(True)``); evaluation graphs do not
+contain it. The statistics buffers live in :class:`LayerCapture` cells owned by the optimizer, so
+they never enter the network's checkpoint.
+"""
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import nn, ops, Parameter, Tensor
+
+from ..curvature import factors
+
+__all__ = ["LayerSpec", "LayerCapture", "find_layers", "attach", "detach"]
+
+_ATTR = "_ngd_capture"
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What the engine needs to know about one preconditioned layer."""
+    name: str                       # the cell's name in the network, e.g. "conv1" or "layer1.0.fc"
+    kind: str                       # "dense" or "conv2d"
+    weight_name: str                # the weight Parameter's name (unchanged by capture)
+    bias_name: Optional[str]        # the bias Parameter's name, None without bias
+    weight_shape: Tuple[int, ...]
+    a_dim: int                      # in (* kh * kw) (+1 with bias)
+    g_dim: int                      # out
+    kernel_size: Tuple[int, int] = (1, 1)
+    stride: Tuple[int, int] = (1, 1)
+    dilation: Tuple[int, int] = (1, 1)
+    pad_mode: str = "valid"
+    padding: Tuple[int, int, int, int] = (0, 0, 0, 0)
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def has_bias(self):
+        return self.bias_name is not None
+
+
+def _pair(value):
+    return tuple(value) if isinstance(value, (tuple, list)) else (int(value), int(value))
+
+
+def _conv_padding(cell):
+    pad = cell.padding
+    if isinstance(pad, int):
+        return (pad, pad, pad, pad)
+    pad = tuple(pad)
+    return pad if len(pad) == 4 else (pad[0], pad[0], pad[1], pad[1])
+
+
+def _unsupported_reason(cell):
+    if not cell.weight.requires_grad:
+        return "weight is not trainable"
+    if isinstance(cell, nn.Conv2d):
+        if type(cell).construct is not nn.Conv2d.construct and not hasattr(cell, _ATTR):
+            return "custom construct"
+        if cell.group != 1:
+            return f"group={cell.group} convolution"
+        if getattr(cell, "data_format", "NCHW") != "NCHW":
+            return f"data_format={cell.data_format}"
+    elif type(cell).construct is not nn.Dense.construct and not hasattr(cell, _ATTR):
+        return "custom construct"
+    if getattr(cell, "has_bias", False) and not cell.bias.requires_grad:
+        return "bias is not trainable"
+    return None
+
+
+def find_layers(network):
+    """Return ``(specs, cells, skipped)`` for the Dense/Conv2d cells of ``network``.
+
+    ``skipped`` lists ``(name, reason)`` for Dense/Conv2d cells that cannot be preconditioned; their
+    parameters get the plain (momentum) update.
+    """
+    specs, cells, skipped = [], [], []
+    for name, cell in network.cells_and_names():
+        if not isinstance(cell, (nn.Dense, nn.Conv2d)) or not name:
+            if isinstance(cell, (nn.Dense, nn.Conv2d)) and not name:
+                skipped.append(("<root>", "the network itself is a single layer; wrap it in a Cell"))
+            continue
+        reason = _unsupported_reason(cell)
+        if reason is not None:
+            skipped.append((name, reason))
+            continue
+        has_bias = bool(cell.has_bias)
+        bias_name = cell.bias.name if has_bias else None
+        out_dim = cell.weight.shape[0]
+        if isinstance(cell, nn.Dense):
+            spec = LayerSpec(name=name, kind="dense", weight_name=cell.weight.name, bias_name=bias_name,
+                             weight_shape=tuple(cell.weight.shape),
+                             a_dim=cell.weight.shape[1] + int(has_bias), g_dim=out_dim)
+        else:
+            w = cell.weight.shape
+            spec = LayerSpec(name=name, kind="conv2d", weight_name=cell.weight.name, bias_name=bias_name,
+                             weight_shape=tuple(w), a_dim=int(np.prod(w[1:])) + int(has_bias),
+                             g_dim=out_dim, kernel_size=_pair(cell.kernel_size),
+                             stride=_pair(cell.stride)[-2:], dilation=_pair(cell.dilation)[-2:],
+                             pad_mode=cell.pad_mode, padding=_conv_padding(cell))
+        specs.append(spec)
+        cells.append(cell)
+    return specs, cells, skipped
+
+
+class LayerCapture(nn.Cell):
+    """Batch A and G buffers of one layer, the flags that enable capture, and the G hook.
+
+    ``capture_a`` / ``capture_g`` are set by the optimizer for the *next* step. Parameter names
+    are ``{prefix}.{layer}.a_batch`` etc., deterministic and unique per optimizer prefix.
+    """
+
+    def __init__(self, spec, prefix, loss_scale=1.0):
+        super().__init__(auto_prefix=False)
+        self.spec = spec
+        base = f"{prefix}.{spec.name}"
+        self.a_batch = Parameter(Tensor(np.zeros((spec.a_dim, spec.a_dim), np.float32)),
+                                 name=f"{base}.a_batch", requires_grad=False)
+        self.g_batch = Parameter(Tensor(np.zeros((spec.g_dim, spec.g_dim), np.float32)),
+                                 name=f"{base}.g_batch", requires_grad=False)
+        self.capture_a = Parameter(Tensor(True), name=f"{base}.capture_a", requires_grad=False)
+        self.capture_g = Parameter(Tensor(True), name=f"{base}.capture_g", requires_grad=False)
+        self.is_conv = spec.kind == "conv2d"
+        self.has_bias = spec.has_bias
+        self.g_scale = 1.0 / float(loss_scale) ** 2
+        self.kernel_size = spec.kernel_size
+        self.stride = spec.stride
+        self.dilation = spec.dilation
+        self.pad_mode = spec.pad_mode
+        self.padding = spec.padding
+        self.grad_hook = ops.InsertGradientOf(self.save_output_factor)
+
+    def input_factor(self, x):
+        if self.is_conv:
+            return factors.conv_input_factor(x, self.kernel_size, self.stride, self.dilation,
+                                             self.pad_mode, self.padding, self.has_bias)
+        return factors.dense_input_factor(x, self.has_bias)
+
+    def output_factor(self, dy):
+        if self.is_conv:
+            return factors.conv_output_factor(dy, self.g_scale)
+        return factors.dense_output_factor(dy, self.g_scale)
+
+    def capture_input(self, x):
+        if self.capture_a:
+            ops.assign(self.a_batch, self.input_factor(x))
+        return x
+
+    def save_output_factor(self, dy):
+        if self.capture_g:
+            ops.assign(self.g_batch, self.output_factor(dy))
+        return dy
+
+
+class _CapturedDense:
+    """construct of a capturing nn.Dense (same computation as ``nn.Dense.construct``)."""
+
+    def construct(self, x):
+        x_shape = x.shape
+        if len(x_shape) != 2:
+            x = x.reshape(-1, x_shape[-1])
+        if self.training:
+            x = self._ngd_capture.capture_input(x)
+        x = self.matmul(x, self.weight)
+        if self.has_bias:
+            x = self.bias_add(x, self.bias)
+        if self.training:
+            x = self._ngd_capture.grad_hook(x)
+        if self.activation_flag:
+            x = self.activation(x)
+        if len(x_shape) != 2:
+            x = x.reshape(x_shape[:-1] + (x.shape[-1],))
+        return x
+
+
+class _CapturedConv2d:
+    """construct of a capturing nn.Conv2d (same computation as ``nn.Conv2d.construct``)."""
+
+    def construct(self, x):
+        if self.training:
+            x = self._ngd_capture.capture_input(x)
+        output = self.conv2d(x, self.weight)
+        if self.has_bias:
+            output = self.bias_add(output, self.bias)
+        if self.training:
+            output = self._ngd_capture.grad_hook(output)
+        return output
+
+
+_CLASSES = {}
+
+
+def _captured_class(cls):
+    base = nn.Dense if issubclass(cls, nn.Dense) else nn.Conv2d
+    mixin = _CapturedDense if base is nn.Dense else _CapturedConv2d
+    if cls not in _CLASSES:
+        _CLASSES[cls] = type(f"NGD{cls.__name__}", (mixin, cls), {"_ngd_original_class": cls})
+    return _CLASSES[cls]
+
+
+def attach(cells, captures):
+    """Make each cell capture into its LayerCapture (in place; replaces an earlier attachment)."""
+    for cell, capture in zip(cells, captures):
+        original = getattr(type(cell), "_ngd_original_class", type(cell))
+        object.__setattr__(cell, _ATTR, capture)
+        cell.__class__ = _captured_class(original)
+
+
+def detach(cells):
+    """Undo :func:`attach`: restore the original classes."""
+    for cell in cells:
+        original = getattr(type(cell), "_ngd_original_class", None)
+        if original is not None:
+            cell.__class__ = original
+            object.__delattr__(cell, _ATTR)
+
+
+def current_capture(cell):
+    return getattr(cell, _ATTR, None)

@@ -1,0 +1,93 @@
+"""Kronecker-factor statistics of one batch, written with graph-mode MindSpore ops.
+
+Numerical contract (ARCHITECTURE.md; Martens & Grosse 2015, Grosse & Martens 2016). For a batch of
+B examples whose training loss is the MEAN of the per-example losses l_b:
+
+* Dense ``y = W a + b``: ``abar = [a; 1]`` with a bias, ``g_b = d l_b / d y_b = B * dL/dy_b``,
+  ``A = (1/B) sum_b abar abar^T``, ``G = (1/B) sum_b g g^T = B * sum_b dy dy^T``.
+  Inputs with more than two dimensions are flattened to rows, and every row counts as an example.
+* Conv2d (KFC): the weight (out, in, kh, kw) is flattened row-major to (out, in*kh*kw). For the T
+  output positions ``abar_{b,t}`` is the im2col patch (zero padding included, 1 appended with a
+  bias): ``A = (1/B) sum_{b,t} abar abar^T``, ``G = (1/(B*T)) sum_{b,t} g g^T = (B/T) sum dy dy^T``.
+* ``g_scale`` multiplies G: it is ``1 / loss_scale**2`` so that G is computed from unscaled
+  gradients.
+
+All statistics are float32 whatever the network's dtype.
+"""
+import mindspore as ms
+from mindspore import ops
+
+__all__ = ["dense_input_factor", "dense_output_factor", "conv_input_factor", "conv_output_factor",
+           "conv_patches", "same_padding"]
+
+
+def _gram(rows_first):
+    """``X^T X`` for X of shape (rows, dim)."""
+    return ops.matmul(rows_first.transpose(1, 0), rows_first)
+
+
+def dense_input_factor(x, has_bias):
+    """A of a Dense layer from its 2-D input (rows, in)."""
+    x = ops.cast(x, ms.float32)
+    rows = x.shape[0]
+    if has_bias:
+        x = ops.concat((x, ops.ones((rows, 1), ms.float32)), 1)
+    return _gram(x) / rows
+
+
+def dense_output_factor(dy, g_scale):
+    """G of a Dense layer from the gradient of the mean loss w.r.t. its 2-D output (rows, out)."""
+    dy = ops.cast(dy, ms.float32)
+    rows = dy.shape[0]
+    return _gram(dy) * (rows * g_scale)
+
+
+def same_padding(size, kernel, stride, dilation):
+    """(before, after) zero padding of MindSpore's ``pad_mode='same'`` along one spatial axis."""
+    out = (size + stride - 1) // stride
+    needed = (out - 1) * stride + (kernel - 1) * dilation + 1 - size
+    if needed < 0:
+        needed = 0
+    return needed // 2, needed - needed // 2
+
+
+def conv_patches(x, kernel_size, stride, dilation, pad_mode, padding):
+    """im2col patches of an NCHW input: (N, C*kh*kw, T), rows ordered like the flattened weight.
+
+    ``padding`` is (top, bottom, left, right) for ``pad_mode='pad'``; it is ignored otherwise.
+    """
+    x = ops.cast(x, ms.float32)
+    if pad_mode == "same":
+        top, bottom = same_padding(x.shape[2], kernel_size[0], stride[0], dilation[0])
+        left, right = same_padding(x.shape[3], kernel_size[1], stride[1], dilation[1])
+    elif pad_mode == "pad":
+        top, bottom, left, right = padding
+    else:
+        top, bottom, left, right = 0, 0, 0, 0
+    if top + bottom + left + right > 0:
+        x = ops.pad(x, (left, right, top, bottom))
+    return ops.unfold(x, kernel_size, dilation, 0, stride)
+
+
+def conv_input_factor(x, kernel_size, stride, dilation, pad_mode, padding, has_bias):
+    """A of a Conv2d layer (groups = 1) from its NCHW input."""
+    patches = conv_patches(x, kernel_size, stride, dilation, pad_mode, padding)
+    batch, dim, positions = patches.shape
+    cols = patches.transpose(1, 0, 2).reshape(dim, batch * positions)
+    a = ops.matmul(cols, cols.transpose(1, 0)) / batch
+    if has_bias:
+        # the appended 1 contributes a column of patch sums and a corner of T (= sum_t 1 per example)
+        col_sum = cols.sum(1, keepdims=True) / batch
+        corner = ops.fill(ms.float32, (1, 1), float(positions))
+        a = ops.concat((ops.concat((a, col_sum), 1),
+                        ops.concat((col_sum.transpose(1, 0), corner), 1)), 0)
+    return a
+
+
+def conv_output_factor(dy, g_scale):
+    """G of a Conv2d layer from the gradient of the mean loss w.r.t. its NCHW output."""
+    dy = ops.cast(dy, ms.float32)
+    batch, channels = dy.shape[0], dy.shape[1]
+    positions = dy.shape[2] * dy.shape[3]
+    cols = dy.reshape(batch, channels, positions).transpose(1, 0, 2).reshape(channels, -1)
+    return ops.matmul(cols, cols.transpose(1, 0)) * (g_scale * batch / positions)

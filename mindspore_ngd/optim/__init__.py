@@ -1,0 +1,5 @@
+"""Optimizers: the shared engine and its policies."""
+from .engine import NGDOptimizer, Policy, default_decay_filter
+from .kfac import KFAC
+
+__all__ = ["NGDOptimizer", "Policy", "default_decay_filter", "KFAC"]

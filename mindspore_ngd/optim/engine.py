@@ -1,0 +1,384 @@
+"""The natural-gradient engine shared by every optimizer of the package.
+
+One training step, in the order of :meth:`NGDOptimizer.construct`:
+
+1. capture -- done by the network itself during forward/backward (see :mod:`mindspore_ngd.capture`),
+   only for the statistics whose capture flag was set at the end of the previous step;
+2. factors -- batch factors folded into moving averages, ``X <- d X + (1 - d) X_batch`` (the first
+   capture of a statistic initialises it), non-finite batches rejected and counted;
+3. inverses -- on refresh steps, damped inverses of every layer's factors (damping split between A
+   and G by the policy), kept from the last good refresh when a check fails;
+4. precondition -- ``G^-1 dW A^-1`` per layer (bias as the last column of dW);
+5. rescale -- optional KL clipping (Ba et al. 2017) over the preconditioned layers;
+6. update -- weight decay on the parameters the decay filter selects, then ``nn.Momentum``'s
+   update (``ApplyMomentum``) for every parameter; a step with a non-finite gradient changes no
+   weight and no moment and is counted;
+7. schedule -- the policy decides which statistics the next step captures.
+
+K-FAC, SP-NGD and THOR differ only in the :class:`Policy` and in the two refresh hooks
+(:meth:`NGDOptimizer._capture_next` and :meth:`NGDOptimizer._inverse_due`).
+"""
+import logging
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import nn, ops, Parameter, ParameterTuple, Tensor
+
+from .. import _validate
+from ..capture import LayerCapture, attach, find_layers
+from ..curvature import inverse as inv_ops
+from ..schedule import as_schedule, check_positive_schedule
+
+__all__ = ["Policy", "NGDOptimizer", "default_decay_filter"]
+
+logger = logging.getLogger("mindspore_ngd")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What distinguishes one natural-gradient optimizer from another.
+
+    Attributes:
+        name: prefix of every state Parameter ("kfac", "spngd", "thor").
+        factor_update_interval: capture statistics every this many steps.
+        inverse_update_interval: recompute damped inverses every this many steps.
+        damping_split: "pi" (factored Tikhonov, Martens & Grosse 2015 sec. 6.3) or "sqrt".
+        inverse_method: "cholesky", "lu" or "eigh" (see :mod:`mindspore_ngd.curvature.inverse`).
+        kl_clip: KL-clipping bound, or None for no rescaling.
+        jitter: extra damping ``jitter * trace(factor)`` that keeps float32 Cholesky safe.
+    """
+    name: str = "kfac"
+    factor_update_interval: int = 1
+    inverse_update_interval: int = 20
+    damping_split: str = "pi"
+    inverse_method: str = "cholesky"
+    kl_clip: Optional[float] = 1e-3
+    jitter: float = 1e-6
+
+    def validated(self):
+        _validate.positive_int("factor_update_interval", self.factor_update_interval)
+        _validate.positive_int("inverse_update_interval", self.inverse_update_interval)
+        _validate.one_of("damping_split", self.damping_split, inv_ops.DAMPING_SPLITS)
+        _validate.one_of("inverse_method", self.inverse_method, inv_ops.INVERSE_METHODS)
+        _validate.optional_positive_float("kl_clip", self.kl_clip)
+        _validate.non_negative_float("jitter", self.jitter)
+        return self
+
+    def with_options(self, **changes):
+        return replace(self, **changes).validated()
+
+
+def default_decay_filter(param):
+    """Weight decay applies to parameters with more than one dimension (weights of Dense/Conv and
+    embeddings), not to biases and normalisation scales/shifts (BatchNorm/LayerNorm gamma, beta)."""
+    return len(param.shape) > 1
+
+
+def _bool(value):
+    return Tensor(value, ms.bool_)
+
+
+class NGDOptimizer(nn.Optimizer):
+    """Natural-gradient optimizer engine (an ``nn.Optimizer``); use :class:`mindspore_ngd.KFAC` etc.
+
+    Args:
+        network (nn.Cell): the network being trained. Its ``nn.Dense`` and ``nn.Conv2d`` cells are
+            made to capture Kronecker factors in place (parameter names unchanged); all of its
+            trainable parameters are optimised.
+        learning_rate: float, per-step list / ndarray / 1-D Tensor, or ``LearningRateSchedule``; > 0.
+        damping: Tikhonov damping, same forms as ``learning_rate``; > 0.
+        momentum (float): momentum in [0, 1].
+        weight_decay (float): >= 0, applied after preconditioning to parameters chosen by
+            ``decay_filter``.
+        factor_decay (float): moving-average decay of the factors in [0, 1); 0 uses each batch alone.
+        loss_scale (float): a fixed loss scale (as ``FixedLossScaleManager``); gradients are divided
+            by it and G by its square.
+        policy (Policy): refresh, damping split, inversion and rescaling choices.
+        nesterov (bool): Nesterov momentum, as ``nn.Momentum(use_nesterov=...)``.
+        decay_filter (callable): ``Parameter -> bool``; default :func:`default_decay_filter`.
+        skip_layers (iterable of str): cell names of Dense/Conv2d layers to leave un-preconditioned.
+        verbose (bool): log one line naming the preconditioned and the plain-update layers.
+    """
+
+    def __init__(self, network, learning_rate, damping=1e-3, momentum=0.9, weight_decay=0.0,
+                 factor_decay=0.95, loss_scale=1.0, policy=Policy(), nesterov=False,
+                 decay_filter=None, skip_layers=(), verbose=True):
+        if not isinstance(network, nn.Cell):
+            raise TypeError(f"network must be a mindspore.nn.Cell, got {type(network).__name__}")
+        learning_rate = check_positive_schedule("learning_rate", learning_rate)
+        check_positive_schedule("damping", damping)
+        momentum = _validate.float_in_range("momentum", momentum, 0.0, 1.0, high_inclusive=True)
+        weight_decay = _validate.non_negative_float("weight_decay", weight_decay)
+        factor_decay = _validate.float_in_range("factor_decay", factor_decay, 0.0, 1.0)
+        loss_scale = _validate.positive_float("loss_scale", loss_scale)
+        if not isinstance(policy, Policy):
+            raise TypeError(f"policy must be a mindspore_ngd.Policy, got {type(policy).__name__}")
+        policy = policy.validated()
+        if decay_filter is not None and not callable(decay_filter):
+            raise TypeError("decay_filter must be a callable Parameter -> bool")
+        skip_layers = set(skip_layers)
+
+        params = list(network.trainable_params())
+        if not params:
+            raise ValueError("network has no trainable parameters (all requires_grad=False?): "
+                             "nothing to optimise")
+        specs, cells, skipped = find_layers(network)
+        unknown = skip_layers - {s.name for s in specs} - {n for n, _ in skipped}
+        if unknown:
+            raise ValueError(f"skip_layers names no Dense/Conv2d cell of the network: {sorted(unknown)}")
+        keep = [i for i, s in enumerate(specs) if s.name not in skip_layers]
+        skipped += [(specs[i].name, "skip_layers") for i in range(len(specs)) if i not in keep]
+        specs, cells = [specs[i] for i in keep], [cells[i] for i in keep]
+        if not specs:
+            raise ValueError("network has no nn.Dense or nn.Conv2d layer that can be preconditioned"
+                             + (f" (skipped: {skipped})" if skipped else ""))
+
+        super().__init__(learning_rate, params, weight_decay=0.0, loss_scale=loss_scale)
+        self.policy = policy
+        self.layer_specs = tuple(specs)
+        self.skipped_layers = tuple(skipped)
+        prefix = policy.name
+
+        # which gradient belongs to which layer (Python constants unrolled in the graph)
+        index = {p.name: i for i, p in enumerate(self._parameters)}
+        self._weight_index = tuple(index[s.weight_name] for s in specs)
+        self._bias_index = tuple(index[s.bias_name] if s.has_bias else -1 for s in specs)
+        roles = [(-1, False)] * len(params)
+        for k, s in enumerate(specs):
+            roles[index[s.weight_name]] = (k, False)
+            if s.has_bias:
+                roles[index[s.bias_name]] = (k, True)
+        self._roles = tuple(roles)
+        decay_filter = decay_filter or default_decay_filter
+        self._decay = tuple(bool(decay_filter(p)) and weight_decay > 0 for p in self._parameters)
+        self._weight_decay_value = weight_decay
+
+        # hyper-parameters
+        self.damping = as_schedule(damping, f"{prefix}.damping")
+        self.momentum = Parameter(Tensor(np.float32(momentum)), name=f"{prefix}.momentum",
+                                  requires_grad=False)
+        self._momentum_value = momentum
+        self.weight_decay_value = Tensor(np.float32(weight_decay))
+        self.factor_decay = float(factor_decay)
+        self.kl_clip = policy.kl_clip
+        self.loss_scale_value = loss_scale
+        self.apply_momentum = ops.ApplyMomentum(use_nesterov=bool(nesterov))
+
+        # state: moments, factors, inverses, counters -- all Parameters with deterministic names
+        self.moments = self._parameters.clone(prefix=f"{prefix}.moments", init="zeros")
+        self.captures = nn.CellList([LayerCapture(s, prefix, loss_scale) for s in specs])
+
+        def square(dim, name, fill=0.0):
+            return Parameter(Tensor(np.eye(dim, dtype=np.float32) * fill), name=name, requires_grad=False)
+
+        self.a_factors = ParameterTuple([square(s.a_dim, f"{prefix}.{s.name}.A") for s in specs])
+        self.g_factors = ParameterTuple([square(s.g_dim, f"{prefix}.{s.name}.G") for s in specs])
+        self.a_inverses = ParameterTuple([square(s.a_dim, f"{prefix}.{s.name}.A_inv", 1.0) for s in specs])
+        self.g_inverses = ParameterTuple([square(s.g_dim, f"{prefix}.{s.name}.G_inv", 1.0) for s in specs])
+        self.a_updates = ParameterTuple([Parameter(Tensor(0, ms.int32), name=f"{prefix}.{s.name}.A_updates",
+                                                   requires_grad=False) for s in specs])
+        self.g_updates = ParameterTuple([Parameter(Tensor(0, ms.int32), name=f"{prefix}.{s.name}.G_updates",
+                                                   requires_grad=False) for s in specs])
+        self.has_inverse = ParameterTuple([Parameter(Tensor(False), name=f"{prefix}.{s.name}.has_inverse",
+                                                     requires_grad=False) for s in specs])
+        self.factor_faults = Parameter(Tensor(0, ms.int32), name=f"{prefix}.factor_faults", requires_grad=False)
+        self.inverse_faults = Parameter(Tensor(0, ms.int32), name=f"{prefix}.inverse_faults", requires_grad=False)
+        self.skipped_steps = Parameter(Tensor(0, ms.int32), name=f"{prefix}.skipped_steps", requires_grad=False)
+        self.inverse_refreshes = Parameter(Tensor(0, ms.int32), name=f"{prefix}.inverse_refreshes",
+                                           requires_grad=False)
+        self.num_layers = len(specs)
+        self.num_params = len(params)
+
+        attach(cells, list(self.captures))
+        self._network_cells = cells
+        if verbose:
+            plain = [p.name for i, p in enumerate(self._parameters) if self._roles[i][0] < 0]
+            logger.info("%s: preconditioning %d layers [%s]; plain momentum update for %d parameters [%s]",
+                        type(self).__name__, len(specs), ", ".join(s.name for s in specs), len(plain),
+                        ", ".join(plain) + ("; skipped layers: " + ", ".join(f"{n} ({r})" for n, r in skipped)
+                                            if skipped else ""))
+
+    # ------------------------------------------------------------------ refresh policy hooks
+    def _capture_next(self, next_step):
+        """Set the capture flags of every statistic for step ``next_step`` (a scalar int32)."""
+        due = (next_step % self.policy.factor_update_interval) == 0
+        for capture in self.captures:
+            ops.assign(capture.capture_a, due)
+            ops.assign(capture.capture_g, due)
+        return due
+
+    def _inverse_due(self, step):
+        return (step % self.policy.inverse_update_interval) == 0
+
+    # ------------------------------------------------------------------ pipeline stages
+    def _reduce_factor(self, batch_factor):
+        """Combine a batch factor across devices before it is averaged (single device: as is)."""
+        return batch_factor
+
+    def _fold(self, average, updates, batch, captured):
+        """Moving average of one statistic; returns 1 when a captured batch was rejected."""
+        batch = self._reduce_factor(batch)
+        finite = ops.isfinite(batch).all()
+        first = updates == 0
+        blended = self.factor_decay * average + (1.0 - self.factor_decay) * batch
+        take = ops.logical_and(captured, finite)
+        new = ops.select(ops.broadcast_to(ops.logical_and(take, ops.logical_not(first)), average.shape),
+                         blended, average)
+        new = ops.select(ops.broadcast_to(ops.logical_and(take, first), average.shape), batch, new)
+        ops.assign(average, new)
+        ops.assign_add(updates, ops.cast(take, ms.int32))
+        return ops.cast(ops.logical_and(captured, ops.logical_not(finite)), ms.int32)
+
+    def _update_factors(self):
+        faults = ops.zeros((), ms.int32)
+        for k in range(self.num_layers):
+            capture = self.captures[k]
+            faults += self._fold(self.a_factors[k], self.a_updates[k], capture.a_batch, capture.capture_a)
+            faults += self._fold(self.g_factors[k], self.g_updates[k], capture.g_batch, capture.capture_g)
+        ops.assign_add(self.factor_faults, faults)
+        return faults
+
+    def _any_captured(self):
+        flag = ops.zeros((), ms.bool_)
+        for capture in self.captures:
+            flag = ops.logical_or(flag, ops.logical_or(capture.capture_a, capture.capture_g))
+        return flag
+
+    def _update_inverses(self, damping):
+        policy = self.policy
+        faults = ops.zeros((), ms.int32)
+        for k in range(self.num_layers):
+            a_safe, a_valid = inv_ops.sanitize(self.a_factors[k])
+            g_safe, g_valid = inv_ops.sanitize(self.g_factors[k])
+            a_shift, g_shift = inv_ops.split_damping(a_safe, g_safe, damping, policy.damping_split)
+            a_inv, a_ok = inv_ops.damped_inverse(a_safe, a_shift, policy.inverse_method, policy.jitter)
+            g_inv, g_ok = inv_ops.damped_inverse(g_safe, g_shift, policy.inverse_method, policy.jitter)
+            ready = ops.logical_and(self.a_updates[k] > 0, self.g_updates[k] > 0)
+            ok = ops.logical_and(ops.logical_and(a_valid, g_valid), ops.logical_and(a_ok, g_ok))
+            take = ops.logical_and(ok, ready)
+            ops.assign(self.a_inverses[k], ops.select(ops.broadcast_to(take, a_inv.shape), a_inv,
+                                                      self.a_inverses[k]))
+            ops.assign(self.g_inverses[k], ops.select(ops.broadcast_to(take, g_inv.shape), g_inv,
+                                                      self.g_inverses[k]))
+            ops.assign(self.has_inverse[k], ops.logical_or(self.has_inverse[k], take))
+            faults += ops.cast(ops.logical_and(ready, ops.logical_not(ok)), ms.int32)
+        ops.assign_add(self.inverse_faults, faults)
+        ops.assign_add(self.inverse_refreshes, 1)
+        return faults
+
+    def _layer_gradient(self, gradients, k):
+        grad = gradients[self._weight_index[k]]
+        matrix = ops.cast(grad, ms.float32).reshape(grad.shape[0], -1)
+        if self._bias_index[k] >= 0:
+            bias = ops.cast(gradients[self._bias_index[k]], ms.float32)
+            matrix = ops.concat((matrix, bias.reshape(-1, 1)), 1)
+        return matrix
+
+    def _precondition(self, gradients, lr):
+        """Preconditioned gradient matrices of all layers, KL-clipped."""
+        matrices = ()
+        vg_sum = ops.zeros((), ms.float32)
+        for k in range(self.num_layers):
+            matrix = self._layer_gradient(gradients, k)
+            pre = inv_ops.precondition(self.g_inverses[k], matrix, self.a_inverses[k])
+            pre = ops.select(ops.broadcast_to(self.has_inverse[k], pre.shape), pre, matrix)
+            vg_sum += (pre * matrix).sum()
+            matrices += (pre,)
+        if self.kl_clip is not None:
+            vg = vg_sum * lr * lr
+            usable = ops.logical_and(vg > 0, ops.isfinite(vg))
+            nu = ops.minimum(ops.sqrt(self.kl_clip / ops.select(usable, vg, ops.ones_like(vg))), 1.0)
+            nu = ops.select(usable, nu, ops.ones_like(nu))
+            scaled = ()
+            for pre in matrices:
+                scaled += (pre * nu,)
+            matrices = scaled
+        return matrices
+
+    def _assemble(self, gradients, matrices):
+        """Gradient tuple with each preconditioned layer's weight/bias replaced, dtypes kept."""
+        out = ()
+        for i in range(self.num_params):
+            layer, is_bias = self._roles[i]
+            grad = gradients[i]
+            if layer >= 0:
+                matrix = matrices[layer]
+                if is_bias:
+                    part = matrix[:, -1]
+                elif self._bias_index[layer] >= 0:
+                    part = matrix[:, :-1]
+                else:
+                    part = matrix
+                grad = ops.cast(part.reshape(grad.shape), grad.dtype)
+            out += (grad,)
+        return out
+
+    @staticmethod
+    def _all_finite(gradients):
+        finite = ops.ones((), ms.bool_)
+        for grad in gradients:
+            finite = ops.logical_and(finite, ops.isfinite(grad).all())
+        return finite
+
+    def construct(self, gradients):
+        gradients = self.flatten_gradients(gradients)
+        gradients = self.scale_grad(gradients)
+        lr = self.get_lr()
+        step = self.global_step.reshape(())
+        finite = self._all_finite(gradients)
+
+        if self._any_captured():
+            self._update_factors()
+        if self._inverse_due(step):
+            self._update_inverses(self.damping(self.global_step))
+        gradients = self._assemble(gradients, self._precondition(gradients, lr))
+
+        # a non-finite gradient leaves weights and moments untouched: lr 0, momentum 1, gradient 0
+        lr_eff = ops.select(finite, ops.cast(lr, ms.float32), ops.zeros((), ms.float32))
+        momentum_eff = ops.select(finite, self.momentum, ops.ones((), ms.float32))
+        success = ()
+        for i in range(self.num_params):
+            param = self._parameters[i]
+            grad = gradients[i]
+            if self._decay[i]:
+                grad = grad + ops.cast(self.weight_decay_value, grad.dtype) * param
+            grad = ops.select(ops.broadcast_to(finite, grad.shape), grad, ops.zeros_like(grad))
+            success += (self.apply_momentum(param, self.moments[i], ops.cast(lr_eff, param.dtype), grad,
+                                            ops.cast(momentum_eff, param.dtype)),)
+        ops.assign_add(self.skipped_steps, ops.cast(ops.logical_not(finite), ms.int32))
+        self._capture_next(step + 1)
+        ops.assign_add(self.global_step, self.global_step_increase_tensor)
+        return success
+
+    # ------------------------------------------------------------------ inspection (Python side)
+    def kronecker_factors(self):
+        """``{layer_name: (A, G)}``: the current moving-average factors as NumPy arrays."""
+        return {s.name: (self.a_factors[k].asnumpy(), self.g_factors[k].asnumpy())
+                for k, s in enumerate(self.layer_specs)}
+
+    def state_counters(self):
+        """Fault and refresh counters as Python ints."""
+        return {"step": int(self.global_step.asnumpy().reshape(-1)[0]),
+                "inverse_refreshes": int(self.inverse_refreshes.asnumpy()),
+                "factor_faults": int(self.factor_faults.asnumpy()),
+                "inverse_faults": int(self.inverse_faults.asnumpy()),
+                "skipped_steps": int(self.skipped_steps.asnumpy())}
+
+    def summary(self):
+        """A printable table of the preconditioned layers and their factor sizes."""
+        rows = [("layer", "kind", "weight", "bias", "A", "G")]
+        for s in self.layer_specs:
+            rows.append((s.name, s.kind, "x".join(map(str, s.weight_shape)), "yes" if s.has_bias else "no",
+                         f"{s.a_dim}x{s.a_dim}", f"{s.g_dim}x{s.g_dim}"))
+        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        floats = sum(s.a_dim ** 2 + s.g_dim ** 2 for s in self.layer_specs)
+        lines.append(f"{len(self.layer_specs)} preconditioned layers, {floats:,} floats per factor set "
+                     f"({4 * floats / 2 ** 20:.1f} MiB; factors, inverses and batch buffers hold 3 sets)")
+        for name, reason in self.skipped_layers:
+            lines.append(f"not preconditioned: {name} ({reason})")
+        return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""K-FAC (Martens & Grosse 2015; convolutions: Grosse & Martens 2016) as a policy of the engine."""
+from .engine import NGDOptimizer, Policy
+
+__all__ = ["KFAC"]
+
+
+class KFAC(NGDOptimizer):
+    r"""Kronecker-factored approximate curvature optimizer, an ``nn.Optimizer`` for ``Model.train``.
+
+    Each ``nn.Dense`` / ``nn.Conv2d`` layer's Fisher block is approximated by ``A (x) G``, with A the
+    covariance of the layer input (im2col patches for convolutions) and G that of the per-example
+    output gradient, so its inverse needs only the two small damped factors:
+
+    .. math::
+        P = (G + \gamma_G I)^{-1}\, \nabla_W L\, (A + \gamma_A I)^{-1}, \qquad
+        \gamma_A = \pi\sqrt{\lambda},\ \gamma_G = \sqrt{\lambda}/\pi,\
+        \pi = \sqrt{\tfrac{\operatorname{tr}(A)/\dim A}{\operatorname{tr}(G)/\dim G}}
+
+    (``damping_split="sqrt"`` uses ``pi = 1``). The update then is optional KL clipping,
+    ``P <- nu P`` with ``nu = min(1, sqrt(kl_clip / (lr^2 sum <P, grad>)))``, followed by weight decay and
+    ``nn.Momentum``'s update. Other trainable parameters (BatchNorm, LayerNorm, grouped convolutions,
+    embeddings) get the plain momentum update.
+
+    Args:
+        network (nn.Cell): the network to train. Its Dense/Conv2d cells capture factors in place;
+            parameter names and the network's checkpoint are unchanged.
+        learning_rate (Union[float, list, numpy.ndarray, Tensor, LearningRateSchedule]): > 0.
+        damping (Union[float, list, numpy.ndarray, Tensor, LearningRateSchedule]): Tikhonov damping
+            lambda, > 0. Default 1e-3.
+        momentum (float): in [0, 1]. Default 0.9.
+        weight_decay (float): >= 0, applied after preconditioning. Default 0.
+        factor_decay (float): moving-average decay of A and G in [0, 1). Default 0.95.
+        factor_update_interval (int): capture factors every this many steps (>= 1). Default 1.
+        inverse_update_interval (int): recompute inverses every this many steps (>= 1). Default 20.
+        damping_split (str): "pi" or "sqrt". Default "pi".
+        kl_clip (Optional[float]): KL-clipping bound > 0, or None. Default 1e-3.
+        loss_scale (float): fixed loss scale of the training cell. Default 1.
+        inverse_method (str): "cholesky" (fastest measured on CPU), "lu" or "eigh" (robust). Default
+            "cholesky".
+        jitter (float): extra damping ``jitter * trace`` for float32 safety (>= 0). Default 1e-6.
+        nesterov (bool): Nesterov momentum. Default False.
+        decay_filter (callable): ``Parameter -> bool`` choosing weight-decayed parameters; default
+            excludes parameters with fewer than two dimensions (biases, BatchNorm gamma/beta).
+        skip_layers (iterable of str): cell names to leave un-preconditioned.
+        verbose (bool): log the preconditioned / plain layers on the "mindspore_ngd" logger.
+
+    Inputs:
+        - **gradients** (tuple[Tensor]) - gradients of ``network.trainable_params()``.
+
+    Outputs:
+        tuple[bool], all elements are True.
+
+    Raises:
+        TypeError, ValueError: for a bad argument, naming it and its allowed range, before any
+            graph is compiled.
+
+    Examples:
+        >>> import mindspore_ngd as ngd
+        >>> opt = ngd.KFAC(net, learning_rate=0.05, damping=1e-3, momentum=0.9, weight_decay=5e-4)
+        >>> model = ms.train.Model(net, loss_fn, opt, metrics={"acc"})
+        >>> model.train(10, train_ds, dataset_sink_mode=False)
+    """
+
+    def __init__(self, network, learning_rate, damping=1e-3, momentum=0.9, weight_decay=0.0,
+                 factor_decay=0.95, factor_update_interval=1, inverse_update_interval=20,
+                 damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="cholesky",
+                 jitter=1e-6, nesterov=False, decay_filter=None, skip_layers=(), verbose=True):
+        policy = Policy(name="kfac", factor_update_interval=factor_update_interval,
+                        inverse_update_interval=inverse_update_interval, damping_split=damping_split,
+                        inverse_method=inverse_method, kl_clip=kl_clip, jitter=jitter)
+        super().__init__(network, learning_rate, damping=damping, momentum=momentum,
+                         weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
+                         policy=policy, nesterov=nesterov, decay_filter=decay_filter,
+                         skip_layers=skip_layers, verbose=verbose)

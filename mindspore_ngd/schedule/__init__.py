@@ -1,0 +1,91 @@
+"""Per-step hyper-parameter schedules (damping, and validation of learning rates).
+
+MindSpore users pass a learning rate as a float, a per-step list / NumPy array / 1-D Tensor, or a
+``nn.LearningRateSchedule`` cell. :func:`as_schedule` accepts the same forms for any other
+hyper-parameter (the damping) and returns a cell that maps the step counter to a float32 scalar.
+A per-step sequence holds its last value once the step runs past its end.
+"""
+import numpy as np
+
+import mindspore as ms
+from mindspore import nn, ops, Parameter, Tensor
+
+from .. import _validate
+
+__all__ = ["as_schedule", "check_positive_schedule", "ConstantSchedule", "PerStepSchedule"]
+
+
+class ConstantSchedule(nn.Cell):
+    """A constant value, stored as a Parameter so that it is checkpointed with the optimizer."""
+
+    def __init__(self, value, name):
+        super().__init__()
+        self.value = Parameter(Tensor(np.float32(value)), name=name, requires_grad=False)
+
+    def construct(self, step):
+        return self.value
+
+
+class PerStepSchedule(nn.Cell):
+    """Value ``values[min(step, len - 1)]`` of a per-step sequence."""
+
+    def __init__(self, values, name):
+        super().__init__()
+        values = np.asarray(values, np.float32).reshape(-1)
+        self.values = Parameter(Tensor(values), name=name, requires_grad=False)
+        self.last = len(values) - 1
+
+    def construct(self, step):
+        index = ops.minimum(step.reshape(()), self.last)
+        return self.values[index]
+
+
+class _CellSchedule(nn.Cell):
+    def __init__(self, cell):
+        super().__init__()
+        self.cell = cell
+
+    def construct(self, step):
+        return ops.cast(self.cell(step), ms.float32).reshape(())
+
+
+def _sequence_values(value):
+    if isinstance(value, Tensor):
+        return value.asnumpy()
+    return np.asarray(value)
+
+
+def check_positive_schedule(name, value):
+    """Validate a float / sequence / Tensor hyper-parameter: every value finite and > 0.
+
+    ``nn.LearningRateSchedule`` (or any other Cell) is accepted as is: its values are only known
+    at run time.
+    """
+    if isinstance(value, nn.Cell):
+        return value
+    if isinstance(value, (list, tuple, np.ndarray, Tensor)):
+        values = _sequence_values(value)
+        if values.ndim > 1 or values.size == 0:
+            raise ValueError(f"{name} as a sequence must be a non-empty 1-D list/array/Tensor, "
+                             f"got shape {values.shape}")
+        if values.ndim == 0:
+            return _validate.positive_float(name, float(values))
+        if not np.issubdtype(values.dtype, np.number) or not np.all(np.isfinite(values)) \
+                or np.any(values <= 0):
+            raise ValueError(f"every value of {name} must be a finite number > 0, "
+                             f"got min {np.min(values)!r}")
+        return value
+    return _validate.positive_float(name, value)
+
+
+def as_schedule(value, name):
+    """Return a cell ``step -> float32 scalar`` for a float, per-step sequence or Cell."""
+    value = check_positive_schedule(name, value)
+    if isinstance(value, nn.Cell):
+        return _CellSchedule(value)
+    if isinstance(value, float):
+        return ConstantSchedule(value, name)
+    values = _sequence_values(value)
+    if values.ndim == 0:
+        return ConstantSchedule(float(values), name)
+    return PerStepSchedule(values, name)

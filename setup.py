@@ -1,0 +1,19 @@
+"""Installs mindspore_ngd: natural-gradient (K-FAC family) optimizers for MindSpore."""
+from setuptools import find_packages, setup
+
+setup(
+    name="mindspore_ngd",
+    version="0.1.0",
+    description="K-FAC, SP-NGD and THOR-style natural-gradient optimizers as MindSpore nn.Optimizer cells",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["mindspore_ngd", "mindspore_ngd.*"]),
+    install_requires=["mindspore>=2.3", "numpy"],
+    extras_require={
+        # the quick-start demo and the benchmarks train on scikit-learn's bundled digits data
+        "examples": ["scikit-learn"],
+        "test": ["pytest", "scipy", "scikit-learn"],
+    },
+    license="Apache-2.0",
+)
