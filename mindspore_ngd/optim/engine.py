@@ -196,10 +196,10 @@ class NGDOptimizer(nn.Optimizer):
         self._network_cells = cells
         if verbose:
             plain = [p.name for i, p in enumerate(self._parameters) if self._roles[i][0] < 0]
-            logger.info("%s: preconditioning %d layers [%s]; plain momentum update for %d parameters [%s]",
+            skipped_text = "; not preconditioned: " + ", ".join(f"{n} ({r})" for n, r in skipped) if skipped else ""
+            logger.info("%s: preconditioning %d layers [%s]; plain momentum update for %d parameters [%s]%s",
                         type(self).__name__, len(specs), ", ".join(s.name for s in specs), len(plain),
-                        ", ".join(plain) + ("; skipped layers: " + ", ".join(f"{n} ({r})" for n, r in skipped)
-                                            if skipped else ""))
+                        ", ".join(plain), skipped_text)
 
     # ------------------------------------------------------------------ refresh policy hooks
     def _capture_next(self, next_step):
@@ -306,10 +306,11 @@ class NGDOptimizer(nn.Optimizer):
             grad = gradients[i]
             if layer >= 0:
                 matrix = matrices[layer]
+                columns = matrix.shape[1]
                 if is_bias:
-                    part = matrix[:, -1]
+                    part = ops.narrow(matrix, 1, columns - 1, 1)
                 elif self._bias_index[layer] >= 0:
-                    part = matrix[:, :-1]
+                    part = ops.narrow(matrix, 1, 0, columns - 1)
                 else:
                     part = matrix
                 grad = ops.cast(part.reshape(grad.shape), grad.dtype)
@@ -358,6 +359,10 @@ class NGDOptimizer(nn.Optimizer):
         """``{layer_name: (A, G)}``: the current moving-average factors as NumPy arrays."""
         return {s.name: (self.a_factors[k].asnumpy(), self.g_factors[k].asnumpy())
                 for k, s in enumerate(self.layer_specs)}
+
+    def decayed_parameters(self):
+        """Names of the parameters that receive weight decay."""
+        return [p.name for p, flag in zip(self._parameters, self._decay) if flag]
 
     def state_counters(self):
         """Fault and refresh counters as Python ints."""
