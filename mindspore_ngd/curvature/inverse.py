@@ -90,7 +90,9 @@ def damped_inverse(m, shift, method, jitter):
     sym = (m + m.transpose(1, 0)) * 0.5
     total = shift + jitter * ops.relu(_trace(sym))
     indefinite = ops.zeros((), ms.bool_)
-    if method == "cholesky":
+    if n == 1:                           # a scalar factor (e.g. a one-output layer's G)
+        inv = 1.0 / (sym + total)
+    elif method == "cholesky":
         low = ops.cholesky(sym + total * eye)
         low_inv = msla.solve_triangular(low, eye, lower=True)
         inv = ops.matmul(low_inv.transpose(1, 0), low_inv)

@@ -169,7 +169,7 @@ class NGDOptimizer(nn.Optimizer):
 
         # state: moments, factors, inverses, counters -- all Parameters with deterministic names
         self.moments = self._parameters.clone(prefix=f"{prefix}.moments", init="zeros")
-        self.captures = nn.CellList([LayerCapture(s, prefix, loss_scale) for s in specs])
+        self.captures = nn.CellList([LayerCapture(s, prefix, loss_scale) for s in specs], auto_prefix=False)
 
         def square(dim, name, fill=0.0):
             return Parameter(Tensor(np.eye(dim, dtype=np.float32) * fill), name=name, requires_grad=False)
@@ -218,28 +218,50 @@ class NGDOptimizer(nn.Optimizer):
         """Combine a batch factor across devices before it is averaged (single device: as is)."""
         return batch_factor
 
+    # Every state Parameter is written in the main graph, never inside a run-time branch: the
+    # branches below return new values. MindSpore 2.10 (graph mode) disconnects a Parameter that
+    # is assigned inside an ``if`` on a tensor from its host value, so ``load_param_into_net`` after
+    # the first step would silently not reach the graph (measured; see tests/test_optimizer.py).
+
+    def _factor_state(self):
+        """(A factors, G factors, A update counts, G update counts, fault count) as stored."""
+        return (tuple(self.a_factors), tuple(self.g_factors), tuple(self.a_updates), tuple(self.g_updates),
+                self.factor_faults)
+
     def _fold(self, average, updates, batch, captured):
-        """Moving average of one statistic; returns 1 when a captured batch was rejected."""
+        """Moving average of one statistic: (new average, new update count, 1 if rejected)."""
         batch = self._reduce_factor(batch)
         finite = ops.isfinite(batch).all()
-        first = updates == 0
-        blended = self.factor_decay * average + (1.0 - self.factor_decay) * batch
         take = ops.logical_and(captured, finite)
-        new = ops.select(ops.broadcast_to(ops.logical_and(take, ops.logical_not(first)), average.shape),
-                         blended, average)
-        new = ops.select(ops.broadcast_to(ops.logical_and(take, first), average.shape), batch, new)
-        ops.assign(average, new)
-        ops.assign_add(updates, ops.cast(take, ms.int32))
-        return ops.cast(ops.logical_and(captured, ops.logical_not(finite)), ms.int32)
+        blended = self.factor_decay * average + (1.0 - self.factor_decay) * batch
+        # the first accepted batch of a statistic initialises it
+        blended = ops.select(ops.broadcast_to(updates == 0, average.shape), batch, blended)
+        new = ops.select(ops.broadcast_to(take, average.shape), blended, average)
+        rejected = ops.cast(ops.logical_and(captured, ops.logical_not(finite)), ms.int32)
+        return new, updates + ops.cast(take, ms.int32), rejected
 
-    def _update_factors(self):
-        faults = ops.zeros((), ms.int32)
+    def _folded_state(self, state):
+        a_factors, g_factors, a_updates, g_updates, faults = state
+        new_a, new_g, new_au, new_gu = (), (), (), ()
         for k in range(self.num_layers):
             capture = self.captures[k]
-            faults += self._fold(self.a_factors[k], self.a_updates[k], capture.a_batch, capture.capture_a)
-            faults += self._fold(self.g_factors[k], self.g_updates[k], capture.g_batch, capture.capture_g)
-        ops.assign_add(self.factor_faults, faults)
-        return faults
+            a, au, a_bad = self._fold(a_factors[k], a_updates[k], capture.a_batch, capture.capture_a)
+            g, gu, g_bad = self._fold(g_factors[k], g_updates[k], capture.g_batch, capture.capture_g)
+            new_a += (a,)
+            new_g += (g,)
+            new_au += (au,)
+            new_gu += (gu,)
+            faults = faults + a_bad + g_bad
+        return new_a, new_g, new_au, new_gu, faults
+
+    def _store_factor_state(self, state):
+        a_factors, g_factors, a_updates, g_updates, faults = state
+        for k in range(self.num_layers):
+            ops.assign(self.a_factors[k], a_factors[k])
+            ops.assign(self.g_factors[k], g_factors[k])
+            ops.assign(self.a_updates[k], a_updates[k])
+            ops.assign(self.g_updates[k], g_updates[k])
+        ops.assign(self.factor_faults, faults)
 
     def _any_captured(self):
         flag = ops.zeros((), ms.bool_)
@@ -247,27 +269,39 @@ class NGDOptimizer(nn.Optimizer):
             flag = ops.logical_or(flag, ops.logical_or(capture.capture_a, capture.capture_g))
         return flag
 
-    def _update_inverses(self, damping):
+    def _inverse_state(self):
+        """(A inverses, G inverses, has-inverse flags, fault count, refresh count) as stored."""
+        return (tuple(self.a_inverses), tuple(self.g_inverses), tuple(self.has_inverse), self.inverse_faults,
+                self.inverse_refreshes)
+
+    def _refreshed_state(self, state, factor_state, damping):
+        a_inverses, g_inverses, has_inverse, faults, refreshes = state
+        a_factors, g_factors, a_updates, g_updates, _ = factor_state
         policy = self.policy
-        faults = ops.zeros((), ms.int32)
+        new_a, new_g, new_has = (), (), ()
         for k in range(self.num_layers):
-            a_safe, a_valid = inv_ops.sanitize(self.a_factors[k])
-            g_safe, g_valid = inv_ops.sanitize(self.g_factors[k])
+            a_safe, a_valid = inv_ops.sanitize(a_factors[k])
+            g_safe, g_valid = inv_ops.sanitize(g_factors[k])
             a_shift, g_shift = inv_ops.split_damping(a_safe, g_safe, damping, policy.damping_split)
             a_inv, a_ok = inv_ops.damped_inverse(a_safe, a_shift, policy.inverse_method, policy.jitter)
             g_inv, g_ok = inv_ops.damped_inverse(g_safe, g_shift, policy.inverse_method, policy.jitter)
-            ready = ops.logical_and(self.a_updates[k] > 0, self.g_updates[k] > 0)
+            ready = ops.logical_and(a_updates[k] > 0, g_updates[k] > 0)
             ok = ops.logical_and(ops.logical_and(a_valid, g_valid), ops.logical_and(a_ok, g_ok))
             take = ops.logical_and(ok, ready)
-            ops.assign(self.a_inverses[k], ops.select(ops.broadcast_to(take, a_inv.shape), a_inv,
-                                                      self.a_inverses[k]))
-            ops.assign(self.g_inverses[k], ops.select(ops.broadcast_to(take, g_inv.shape), g_inv,
-                                                      self.g_inverses[k]))
-            ops.assign(self.has_inverse[k], ops.logical_or(self.has_inverse[k], take))
-            faults += ops.cast(ops.logical_and(ready, ops.logical_not(ok)), ms.int32)
-        ops.assign_add(self.inverse_faults, faults)
-        ops.assign_add(self.inverse_refreshes, 1)
-        return faults
+            new_a += (ops.select(ops.broadcast_to(take, a_inv.shape), a_inv, a_inverses[k]),)
+            new_g += (ops.select(ops.broadcast_to(take, g_inv.shape), g_inv, g_inverses[k]),)
+            new_has += (ops.logical_or(has_inverse[k], take),)
+            faults = faults + ops.cast(ops.logical_and(ready, ops.logical_not(ok)), ms.int32)
+        return new_a, new_g, new_has, faults, refreshes + 1
+
+    def _store_inverse_state(self, state):
+        a_inverses, g_inverses, has_inverse, faults, refreshes = state
+        for k in range(self.num_layers):
+            ops.assign(self.a_inverses[k], a_inverses[k])
+            ops.assign(self.g_inverses[k], g_inverses[k])
+            ops.assign(self.has_inverse[k], has_inverse[k])
+        ops.assign(self.inverse_faults, faults)
+        ops.assign(self.inverse_refreshes, refreshes)
 
     def _layer_gradient(self, gradients, k):
         grad = gradients[self._weight_index[k]]
@@ -277,14 +311,15 @@ class NGDOptimizer(nn.Optimizer):
             matrix = ops.concat((matrix, bias.reshape(-1, 1)), 1)
         return matrix
 
-    def _precondition(self, gradients, lr):
+    def _precondition(self, gradients, lr, inverse_state):
         """Preconditioned gradient matrices of all layers, KL-clipped."""
+        a_inverses, g_inverses, has_inverse, _, _ = inverse_state
         matrices = ()
         vg_sum = ops.zeros((), ms.float32)
         for k in range(self.num_layers):
             matrix = self._layer_gradient(gradients, k)
-            pre = inv_ops.precondition(self.g_inverses[k], matrix, self.a_inverses[k])
-            pre = ops.select(ops.broadcast_to(self.has_inverse[k], pre.shape), pre, matrix)
+            pre = inv_ops.precondition(g_inverses[k], matrix, a_inverses[k])
+            pre = ops.select(ops.broadcast_to(has_inverse[k], pre.shape), pre, matrix)
             vg_sum += (pre * matrix).sum()
             matrices += (pre,)
         if self.kl_clip is not None:
@@ -331,11 +366,16 @@ class NGDOptimizer(nn.Optimizer):
         step = self.global_step.reshape(())
         finite = self._all_finite(gradients)
 
+        factor_state = self._factor_state()
         if self._any_captured():
-            self._update_factors()
+            factor_state = self._folded_state(factor_state)
+        self._store_factor_state(factor_state)
+        damping = self.damping(self.global_step)          # read in the main graph (see above)
+        inverse_state = self._inverse_state()
         if self._inverse_due(step):
-            self._update_inverses(self.damping(self.global_step))
-        gradients = self._assemble(gradients, self._precondition(gradients, lr))
+            inverse_state = self._refreshed_state(inverse_state, factor_state, damping)
+        self._store_inverse_state(inverse_state)
+        gradients = self._assemble(gradients, self._precondition(gradients, lr, inverse_state))
 
         # a non-finite gradient leaves weights and moments untouched: lr 0, momentum 1, gradient 0
         lr_eff = ops.select(finite, ops.cast(lr, ms.float32), ops.zeros((), ms.float32))

@@ -1,0 +1,148 @@
+"""Bad arguments fail early with clear messages; numerical faults never corrupt the weights."""
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import nn, ops, Tensor
+
+import mindspore_ngd as ngd
+from mindspore_ngd.curvature import inverse as inv_ops
+from nets import DenseNet
+
+CE = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(learning_rate=0.0), ValueError, r"learning_rate must be a finite number > 0, got 0.0"),
+    (dict(learning_rate=-1e-3), ValueError, r"learning_rate must be a finite number > 0"),
+    (dict(learning_rate=[0.1, -0.1]), ValueError, r"every value of learning_rate must be a finite number > 0"),
+    (dict(learning_rate="0.1"), TypeError, r"learning_rate must be a positive float"),
+    (dict(damping=0.0), ValueError, r"damping must be a finite number > 0"),
+    (dict(damping=float("nan")), ValueError, r"damping must be a finite number > 0"),
+    (dict(factor_decay=1.0), ValueError, r"factor_decay must be in \[0.0, 1.0\), got 1.0"),
+    (dict(factor_decay=-0.1), ValueError, r"factor_decay must be in \[0.0, 1.0\)"),
+    (dict(factor_update_interval=0), ValueError, r"factor_update_interval must be an int >= 1, got 0"),
+    (dict(inverse_update_interval=2.5), TypeError, r"inverse_update_interval must be an int >= 1"),
+    (dict(damping_split="trace"), ValueError, r"damping_split must be one of \['pi', 'sqrt'\], got 'trace'"),
+    (dict(inverse_method="svd"), ValueError, r"inverse_method must be one of \['cholesky', 'eigh', 'lu'\]"),
+    (dict(momentum=1.5), ValueError, r"momentum must be in \[0.0, 1.0\]"),
+    (dict(weight_decay=-1.0), ValueError, r"weight_decay must be a finite number >= 0"),
+    (dict(kl_clip=0.0), ValueError, r"kl_clip must be a finite number > 0"),
+    (dict(loss_scale=0.0), ValueError, r"loss_scale must be a finite number > 0"),
+    (dict(skip_layers=["nope"]), ValueError, r"skip_layers names no Dense/Conv2d cell of the network: \['nope'\]"),
+])
+def test_bad_arguments_raise_before_compilation(kwargs, error, match):
+    args = dict(learning_rate=0.1)
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        ngd.KFAC(DenseNet(), verbose=False, **args)
+
+
+def test_bad_networks():
+    with pytest.raises(TypeError, match="network must be a mindspore.nn.Cell"):
+        ngd.KFAC([1, 2], learning_rate=0.1)
+
+    class NoLayers(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm1d(3)
+
+        def construct(self, x):
+            return self.bn(x)
+
+    with pytest.raises(ValueError, match="no nn.Dense or nn.Conv2d layer that can be preconditioned"):
+        ngd.KFAC(NoLayers(), learning_rate=0.1)
+    frozen = DenseNet()
+    for p in frozen.get_parameters():
+        p.requires_grad = False
+    with pytest.raises(ValueError, match="network has no trainable parameters"):
+        ngd.KFAC(frozen, learning_rate=0.1)
+
+
+def data(seed, n=8):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, 5)).astype(np.float32), rng.integers(0, 3, n).astype(np.int32)
+
+
+def test_nan_batch_leaves_weights_finite_and_is_counted():
+    ms.set_seed(0)
+    net = DenseNet()
+    opt = ngd.KFAC(net, learning_rate=0.1, inverse_update_interval=1, verbose=False)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, CE), opt)
+    step.set_train()
+    x, y = data(0)
+    step(Tensor(x), Tensor(y))
+    before = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+    inverses = [a.asnumpy().copy() for a in opt.a_inverses]
+    bad = x.copy()
+    bad[3, 2] = np.nan
+    step(Tensor(bad), Tensor(y))
+    for p in net.trainable_params():                       # the faulty step changed nothing
+        np.testing.assert_array_equal(p.asnumpy(), before[p.name])
+    for a, old in zip(opt.a_inverses, inverses):
+        assert np.isfinite(a.asnumpy()).all()
+    counters = opt.state_counters()
+    assert counters["skipped_steps"] == 1
+    assert counters["factor_faults"] >= 1
+    assert all(np.isfinite(f).all() for pair in opt.kronecker_factors().values() for f in pair)
+    step(Tensor(x), Tensor(y))                               # training goes on
+    assert any(not np.array_equal(p.asnumpy(), before[p.name]) for p in net.trainable_params())
+    assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
+
+
+@pytest.mark.parametrize("method", ["cholesky", "lu", "eigh"])
+@pytest.mark.parametrize("corruption", ["nan", "indefinite"])
+def test_corrupt_factor_keeps_previous_inverse(method, corruption):
+    ms.set_seed(0)
+    net = DenseNet()
+    opt = ngd.KFAC(net, learning_rate=0.1, factor_update_interval=100, inverse_update_interval=2,
+                   inverse_method=method, verbose=False)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, CE), opt)
+    step.set_train()
+    x, y = Tensor(data(0)[0]), Tensor(data(0)[1])
+    step(x, y)                                                # step 0: factors + inverses
+    good = opt.a_inverses[0].asnumpy().copy()
+    dim = opt.a_factors[0].shape[0]
+    if corruption == "nan":
+        bad = opt.a_factors[0].asnumpy().copy()
+        bad[0, 0] = np.nan
+    else:                                                     # symmetric, positive diagonal, indefinite
+        bad = np.eye(dim, dtype=np.float32)
+        bad[0, 1] = bad[1, 0] = 2.0
+    opt.a_factors[0].set_data(Tensor(bad))
+    step(x, y)
+    step(x, y)                                                # step 2: refresh with the corrupt factor
+    assert opt.state_counters()["inverse_faults"] == 1
+    np.testing.assert_array_equal(opt.a_inverses[0].asnumpy(), good)
+    assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
+
+
+class _Inverse(nn.Cell):
+    def __init__(self, method, jitter):
+        super().__init__()
+        self.method, self.jitter = method, jitter
+
+    def construct(self, m, shift):
+        safe, valid = inv_ops.sanitize(m)
+        inv, ok = inv_ops.damped_inverse(safe, shift, self.method, self.jitter)
+        return inv, ops.logical_and(ok, valid)
+
+
+@pytest.mark.parametrize("method", ["cholesky", "lu", "eigh"])
+@pytest.mark.parametrize("n", [1, 7, 64])
+def test_inverse_paths_match_numpy(method, n):
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((n, 3 * n))
+    m = (x @ x.T / (3 * n)).astype(np.float32)
+    inv, ok = _Inverse(method, 1e-6)(Tensor(m), Tensor(np.float32(0.05)))
+    expected = np.linalg.inv(m.astype(np.float64) + (0.05 + 1e-6 * np.trace(m)) * np.eye(n))
+    assert bool(ok.asnumpy())
+    np.testing.assert_allclose(inv.asnumpy(), expected, rtol=2e-4, atol=2e-5 * np.abs(expected).max())
+
+
+def test_eigh_path_flags_an_indefinite_factor_that_passes_the_cheap_checks():
+    # diagonal >= 0 and |m_ij| <= sqrt(m_ii m_jj), but eigenvalues (1 + 2*0.9, 1 - 0.9 - 0.9 < 0)
+    m = np.array([[1, 0.9, 0.9], [0.9, 1, -0.9], [0.9, -0.9, 1]], np.float32)
+    assert np.linalg.eigvalsh(m)[0] < 0
+    _, ok = _Inverse("eigh", 0.0)(Tensor(m), Tensor(np.float32(1e-3)))
+    assert not bool(ok.asnumpy())
