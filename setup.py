@@ -9,7 +9,10 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=find_packages(include=["mindspore_ngd", "mindspore_ngd.*"]),
-    install_requires=["mindspore>=2.3", "numpy"],
+    # MindSpore 2.10's compiled extension is built against NumPy 1.x: under NumPy 2 the first
+    # PyNative op of a process fails ("numpy.core.multiarray failed to import") and
+    # mindspore.dataset rejects NumPy scalars. NumPy 1.26 has neither problem.
+    install_requires=["mindspore>=2.3", "numpy>=1.25,<2"],
     extras_require={
         # the quick-start demo and the benchmarks train on scikit-learn's bundled digits data
         "examples": ["scikit-learn"],
