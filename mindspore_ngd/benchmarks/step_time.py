@@ -32,7 +32,7 @@ PERIOD = 20
 MODELS = {
     # name: (constructor, input shape without batch, batch size, classes)
     "digits": ("DigitsCNN", (1, 8, 8), 64),
-    "resnet20": ("resnet20", (3, 32, 32), 32),
+    "resnet20": ("resnet20", (3, 32, 32), 128),
 }
 
 

@@ -1,4 +1,4 @@
 """Factor statistics, damped inverses and preconditioning."""
-from . import factors, inverse
+from . import blocks, factors, inverse
 
-__all__ = ["factors", "inverse"]
+__all__ = ["blocks", "factors", "inverse"]

@@ -1,5 +1,6 @@
 """Optimizers: the shared engine and its policies."""
 from .engine import NGDOptimizer, Policy, default_decay_filter
 from .kfac import KFAC
+from .thor import THOR
 
-__all__ = ["NGDOptimizer", "Policy", "default_decay_filter", "KFAC"]
+__all__ = ["NGDOptimizer", "Policy", "default_decay_filter", "KFAC", "THOR"]

@@ -29,6 +29,7 @@ from mindspore import nn, ops, Parameter, ParameterTuple, Tensor
 
 from .. import _validate
 from ..capture import LayerCapture, attach, find_layers
+from ..curvature import blocks as blk
 from ..curvature import inverse as inv_ops
 from ..schedule import as_schedule, check_positive_schedule
 
@@ -49,6 +50,10 @@ class Policy:
         inverse_method: "cholesky", "lu" or "eigh" (see :mod:`mindspore_ngd.curvature.inverse`).
         kl_clip: KL-clipping bound, or None for no rescaling.
         jitter: extra damping ``jitter * trace(factor)`` that keeps float32 Cholesky safe.
+        split_dim: invert factors larger than this as block-diagonal with blocks of this size
+            (THOR's hardware-driven splitting); None inverts whole factors.
+        clip_norm: clip every final gradient tensor (after preconditioning and weight decay) to this
+            L2 norm, as MindSpore's THOR ``enable_clip_grad`` does; None disables.
     """
     name: str = "kfac"
     factor_update_interval: int = 1
@@ -57,6 +62,8 @@ class Policy:
     inverse_method: str = "cholesky"
     kl_clip: Optional[float] = 1e-3
     jitter: float = 1e-6
+    split_dim: Optional[int] = None
+    clip_norm: Optional[float] = None
 
     def validated(self):
         _validate.positive_int("factor_update_interval", self.factor_update_interval)
@@ -65,6 +72,9 @@ class Policy:
         _validate.one_of("inverse_method", self.inverse_method, inv_ops.INVERSE_METHODS)
         _validate.optional_positive_float("kl_clip", self.kl_clip)
         _validate.non_negative_float("jitter", self.jitter)
+        if self.split_dim is not None:
+            _validate.positive_int("split_dim", self.split_dim)
+        _validate.optional_positive_float("clip_norm", self.clip_norm)
         return self
 
     def with_options(self, **changes):
@@ -173,8 +183,19 @@ class NGDOptimizer(nn.Optimizer):
 
         self.a_factors = ParameterTuple([square(s.a_dim, f"{prefix}.{s.name}.A") for s in specs])
         self.g_factors = ParameterTuple([square(s.g_dim, f"{prefix}.{s.name}.G") for s in specs])
-        self.a_inverses = ParameterTuple([square(s.a_dim, f"{prefix}.{s.name}.A_inv", 1.0) for s in specs])
-        self.g_inverses = ParameterTuple([square(s.g_dim, f"{prefix}.{s.name}.G_inv", 1.0) for s in specs])
+        self._a_layouts = tuple(blk.BlockLayout.of(s.a_dim, policy.split_dim) for s in specs)
+        self._g_layouts = tuple(blk.BlockLayout.of(s.g_dim, policy.split_dim) for s in specs)
+
+        def identity_inverse(layout, name):
+            if layout.count == 1:
+                return square(layout.dim, name, 1.0)
+            eye = np.broadcast_to(np.eye(layout.size, dtype=np.float32), (layout.count, layout.size, layout.size))
+            return Parameter(Tensor(np.ascontiguousarray(eye)), name=name, requires_grad=False)
+
+        self.a_inverses = ParameterTuple([identity_inverse(lay, f"{prefix}.{s.name}.A_inv")
+                                          for s, lay in zip(specs, self._a_layouts)])
+        self.g_inverses = ParameterTuple([identity_inverse(lay, f"{prefix}.{s.name}.G_inv")
+                                          for s, lay in zip(specs, self._g_layouts)])
         self.a_updates = ParameterTuple([Parameter(Tensor(0, ms.int32), name=f"{prefix}.{s.name}.A_updates",
                                                    requires_grad=False) for s in specs])
         self.g_updates = ParameterTuple([Parameter(Tensor(0, ms.int32), name=f"{prefix}.{s.name}.G_updates",
@@ -206,8 +227,24 @@ class NGDOptimizer(nn.Optimizer):
             ops.assign(capture.capture_g, due)
         return due
 
-    def _inverse_due(self, step):
+    def _fold_masks(self, factor_state):
+        """Per layer (take A?, take G?): which captured batch statistics enter the averages."""
+        masks = ()
+        for capture in self.captures:
+            masks += ((capture.capture_a, capture.capture_g),)
+        return masks
+
+    def _inverse_due(self, step, refreshed):
+        """Whether this step recomputes inverses (``refreshed``: per-layer 'a factor changed')."""
         return (step % self.policy.inverse_update_interval) == 0
+
+    def _inverse_layers(self, step, refreshed):
+        """Per-layer mask of the layers whose inverses are recomputed when due; None means all."""
+        return None
+
+    def _after_step(self, step, refreshed):
+        """Policy state updates at the end of a step (main graph); nothing for K-FAC."""
+        return step
 
     # ------------------------------------------------------------------ pipeline stages
     def _reduce_factor(self, batch_factor):
@@ -237,18 +274,28 @@ class NGDOptimizer(nn.Optimizer):
         return new, updates + ops.cast(take, ms.int32), rejected
 
     def _folded_state(self, state):
+        """(new factor state, per-layer flag 'A or G of this layer was updated')."""
         a_factors, g_factors, a_updates, g_updates, faults = state
-        new_a, new_g, new_au, new_gu = (), (), (), ()
+        masks = self._fold_masks(state)
+        new_a, new_g, new_au, new_gu, refreshed = (), (), (), (), ()
         for k in range(self.num_layers):
             capture = self.captures[k]
-            a, au, a_bad = self._fold(a_factors[k], a_updates[k], capture.a_batch, capture.capture_a)
-            g, gu, g_bad = self._fold(g_factors[k], g_updates[k], capture.g_batch, capture.capture_g)
+            take_a, take_g = masks[k]
+            a, au, a_bad = self._fold(a_factors[k], a_updates[k], capture.a_batch, take_a)
+            g, gu, g_bad = self._fold(g_factors[k], g_updates[k], capture.g_batch, take_g)
             new_a += (a,)
             new_g += (g,)
             new_au += (au,)
             new_gu += (gu,)
+            refreshed += (ops.logical_or(au > a_updates[k], gu > g_updates[k]),)
             faults = faults + a_bad + g_bad
-        return new_a, new_g, new_au, new_gu, faults
+        return (new_a, new_g, new_au, new_gu, faults), refreshed
+
+    def _nothing_refreshed(self):
+        flags = ()
+        for _ in range(self.num_layers):
+            flags += (ops.zeros((), ms.bool_),)
+        return flags
 
     def _store_factor_state(self, state):
         a_factors, g_factors, a_updates, g_updates, faults = state
@@ -271,7 +318,16 @@ class NGDOptimizer(nn.Optimizer):
         return (tuple(self.a_inverses), tuple(self.g_inverses), tuple(self.has_inverse), self.inverse_faults,
                 self.inverse_refreshes)
 
-    def _refreshed_state(self, state, factor_state, damping):
+    def _invert(self, factor, shift, layout):
+        """Damped inverse of a sanitized factor: dense, or block-diagonal when the layout splits."""
+        policy = self.policy
+        if layout.count == 1:
+            return inv_ops.damped_inverse(factor, shift, policy.inverse_method, policy.jitter)
+        jitter_shift = policy.jitter * ops.relu(ops.trace(factor))
+        return blk.blocked_damped_inverse(blk.to_blocks(factor, layout), shift, policy.inverse_method,
+                                          jitter_shift)
+
+    def _refreshed_state(self, state, factor_state, damping, layers):
         a_inverses, g_inverses, has_inverse, faults, refreshes = state
         a_factors, g_factors, a_updates, g_updates, _ = factor_state
         policy = self.policy
@@ -280,9 +336,11 @@ class NGDOptimizer(nn.Optimizer):
             a_safe, a_valid = inv_ops.sanitize(a_factors[k])
             g_safe, g_valid = inv_ops.sanitize(g_factors[k])
             a_shift, g_shift = inv_ops.split_damping(a_safe, g_safe, damping, policy.damping_split)
-            a_inv, a_ok = inv_ops.damped_inverse(a_safe, a_shift, policy.inverse_method, policy.jitter)
-            g_inv, g_ok = inv_ops.damped_inverse(g_safe, g_shift, policy.inverse_method, policy.jitter)
+            a_inv, a_ok = self._invert(a_safe, a_shift, self._a_layouts[k])
+            g_inv, g_ok = self._invert(g_safe, g_shift, self._g_layouts[k])
             ready = ops.logical_and(a_updates[k] > 0, g_updates[k] > 0)
+            if layers is not None:
+                ready = ops.logical_and(ready, layers[k])
             ok = ops.logical_and(ops.logical_and(a_valid, g_valid), ops.logical_and(a_ok, g_ok))
             take = ops.logical_and(ok, ready)
             new_a += (ops.select(ops.broadcast_to(take, a_inv.shape), a_inv, a_inverses[k]),)
@@ -308,6 +366,13 @@ class NGDOptimizer(nn.Optimizer):
             matrix = ops.concat((matrix, bias.reshape(-1, 1)), 1)
         return matrix
 
+    def _apply_inverses(self, g_inv, matrix, a_inv, k):
+        a_layout, g_layout = self._a_layouts[k], self._g_layouts[k]
+        if a_layout.count == 1 and g_layout.count == 1:
+            return inv_ops.precondition(g_inv, matrix, a_inv)
+        left = ops.matmul(g_inv, matrix) if g_layout.count == 1 else blk.apply_left(g_inv, matrix, g_layout)
+        return ops.matmul(left, a_inv) if a_layout.count == 1 else blk.apply_right(left, a_inv, a_layout)
+
     def _precondition(self, gradients, lr, inverse_state):
         """Preconditioned gradient matrices of all layers, KL-clipped."""
         # No select on has_inverse: until a layer's first accepted refresh its inverses are still the
@@ -318,7 +383,7 @@ class NGDOptimizer(nn.Optimizer):
         dots = ()
         for k in range(self.num_layers):
             matrix = self._layer_gradient(gradients, k)
-            pre = inv_ops.precondition(g_inverses[k], matrix, a_inverses[k])
+            pre = self._apply_inverses(g_inverses[k], matrix, a_inverses[k], k)
             dots += ((pre * matrix).sum(),)
             matrices += (pre,)
         if self.kl_clip is not None:
@@ -367,13 +432,15 @@ class NGDOptimizer(nn.Optimizer):
         finite = self._all_finite(gradients)
 
         factor_state = self._factor_state()
+        refreshed = self._nothing_refreshed()
         if self._any_captured():
-            factor_state = self._folded_state(factor_state)
+            factor_state, refreshed = self._folded_state(factor_state)
         self._store_factor_state(factor_state)
         damping = self.damping(self.global_step)          # read in the main graph (see above)
         inverse_state = self._inverse_state()
-        if self._inverse_due(step):
-            inverse_state = self._refreshed_state(inverse_state, factor_state, damping)
+        if self._inverse_due(step, refreshed):
+            inverse_state = self._refreshed_state(inverse_state, factor_state, damping,
+                                                  self._inverse_layers(step, refreshed))
         self._store_inverse_state(inverse_state)
         gradients = self._assemble(gradients, self._precondition(gradients, lr, inverse_state))
 
@@ -386,10 +453,15 @@ class NGDOptimizer(nn.Optimizer):
             grad = gradients[i]
             if self._decay[i]:
                 grad = grad + ops.cast(self.weight_decay_value, grad.dtype) * param
+            if self.policy.clip_norm is not None:
+                norm = ops.sqrt(ops.reduce_sum(ops.cast(grad, ms.float32) ** 2))
+                scale = ops.minimum(self.policy.clip_norm / ops.maximum(norm, 1e-30), 1.0)
+                grad = grad * ops.cast(scale, grad.dtype)
             grad = ops.select(ops.broadcast_to(finite, grad.shape), grad, ops.zeros_like(grad))
             success += (self.apply_momentum(param, self.moments[i], ops.cast(lr_eff, param.dtype), grad,
                                             ops.cast(momentum_eff, param.dtype)),)
         ops.assign_add(self.skipped_steps, ops.cast(ops.logical_not(finite), ms.int32))
+        step = self._after_step(step, refreshed)
         self._capture_next(step + 1)
         ops.assign_add(self.global_step, self.global_step_increase_tensor)
         return success

@@ -1,0 +1,138 @@
+"""THOR-style optimizer (Chen et al., AAAI 2021) as a policy of the shared engine.
+
+What makes it THOR rather than K-FAC, all in the policy:
+
+* statistics and inverses are refreshed together at refresh points: steps 0, f0, f0 + f1, ... with
+  ``f0 = frequency`` and ``f_{i+1} = min(ceil(f_i * frequency_growth), max_frequency)`` (growth 1 is
+  MindSpore's fixed ``frequency``); other steps only precondition with the stored inverses;
+* trace-based refresh: at a refresh point a layer takes its new factors and gets new inverses only
+  if the trace of its A or G changed by more than ``trace_threshold`` (relative) since the factors
+  its current inverses were built from; the others keep theirs (``trace_threshold=None`` refreshes
+  every layer);
+* hardware-driven block splitting: factors larger than ``split_dim`` are inverted as block-diagonal
+  matrices of ``split_dim`` blocks (128 matches the Ascend cube unit); ``split_dim=None`` disables;
+* damping split as MindSpore's THOR, ``A + sqrt(damping) I`` and ``G + sqrt(damping) I``, no moving
+  average of the factors and no KL clipping by default.
+"""
+import numpy as np
+
+import mindspore as ms
+from mindspore import ops, Parameter, Tensor
+
+from .. import _validate
+from ..schedule.refresh import trace_changed
+from .engine import NGDOptimizer, Policy
+
+__all__ = ["THOR"]
+
+
+def _decay_all(param):
+    return True
+
+
+class THOR(NGDOptimizer):
+    r"""THOR: trace-based, hardware-driven, layer-oriented natural gradient, for ``Model.train``.
+
+    Accepts the argument set of ``mindspore.nn.thor`` so that switching is a change of import:
+
+    ============================  ==============================================================
+    ``mindspore.nn.thor``          here
+    ============================  ==============================================================
+    ``net``                        ``network`` (same object; trained in place)
+    ``learning_rate`` (Tensor)     float, per-step list/array/Tensor or LearningRateSchedule
+    ``damping`` (Tensor)           same forms; ``A + sqrt(damping) I``, ``G + sqrt(damping) I``
+    ``momentum``                   same
+    ``weight_decay``               same, after preconditioning (as the built-in)
+    ``loss_scale``                 same (fixed loss scale; G is divided by its square)
+    ``batch_size``                 accepted and not needed: factors use the actual batch size
+    ``use_nesterov``               same
+    ``decay_filter``               same callable; default decays every parameter, as the built-in
+    ``split_indices``              accepted, no effect: gradient all-reduce fusion is MindSpore's
+    ``enable_clip_grad``           clip every final gradient tensor to L2 norm 1, as the built-in
+    ``frequency``                  first refresh interval (steps); need not divide an epoch
+    ============================  ==============================================================
+
+    Extra arguments: ``split_dim`` (int >= 1 or None, default 128), ``trace_threshold`` (float > 0 or
+    None, default None), ``frequency_growth`` (float >= 1, default 1), ``max_frequency`` (int or
+    None), ``damping_split`` ("sqrt"), ``factor_decay`` (0: each refresh uses its own batch),
+    ``kl_clip`` (None), ``inverse_method`` ("cholesky" or "lu"), ``jitter`` (1e-6), ``verbose``.
+
+    Raises:
+        TypeError, ValueError: for a bad argument, naming it and its allowed range.
+    """
+
+    def __init__(self, network, learning_rate, damping, momentum=0.9, weight_decay=0.0, loss_scale=1.0,
+                 batch_size=None, use_nesterov=False, decay_filter=_decay_all, split_indices=None,
+                 enable_clip_grad=False, frequency=100, split_dim=128, trace_threshold=None,
+                 frequency_growth=1.0, max_frequency=None, damping_split="sqrt", factor_decay=0.0,
+                 kl_clip=None, inverse_method="cholesky", jitter=1e-6, verbose=True):
+        frequency = _validate.positive_int("frequency", frequency)
+        if batch_size is not None:
+            _validate.positive_int("batch_size", batch_size)
+        if split_indices is not None and not isinstance(split_indices, (list, tuple)):
+            raise TypeError(f"split_indices must be a list of ints or None, got {type(split_indices).__name__}")
+        if not isinstance(enable_clip_grad, bool):
+            raise TypeError(f"enable_clip_grad must be a bool, got {type(enable_clip_grad).__name__}")
+        self._trace_threshold = _validate.optional_positive_float("trace_threshold", trace_threshold)
+        self._growth = _validate.float_in_range("frequency_growth", frequency_growth, 1.0, float("inf"))
+        if max_frequency is not None:
+            max_frequency = _validate.positive_int("max_frequency", max_frequency)
+            if max_frequency < frequency:
+                raise ValueError(f"max_frequency must be >= frequency ({frequency}), got {max_frequency}")
+        self._max_frequency = max_frequency
+        policy = Policy(name="thor", factor_update_interval=frequency, inverse_update_interval=frequency,
+                        damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip,
+                        jitter=jitter, split_dim=split_dim, clip_norm=1.0 if enable_clip_grad else None)
+        super().__init__(network, learning_rate, damping=damping, momentum=momentum,
+                         weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
+                         policy=policy, nesterov=use_nesterov, decay_filter=decay_filter, verbose=verbose)
+        self.interval = Parameter(Tensor(np.int32(frequency)), name="thor.interval", requires_grad=False)
+        self.next_refresh = Parameter(Tensor(np.int32(0)), name="thor.next_refresh", requires_grad=False)
+        self.layer_refreshes = Parameter(Tensor(np.zeros(self.num_layers, np.int32)),
+                                         name="thor.layer_refreshes", requires_grad=False)
+
+    # ---------------------------------------------------------------- policy hooks
+    def _fold_masks(self, factor_state):
+        if self._trace_threshold is None:
+            return super()._fold_masks(factor_state)
+        a_factors, g_factors, a_updates, g_updates, _ = factor_state
+        masks = ()
+        for k in range(self.num_layers):
+            capture = self.captures[k]
+            a_moved = trace_changed(ops.trace(capture.a_batch), ops.trace(a_factors[k]), self._trace_threshold)
+            g_moved = trace_changed(ops.trace(capture.g_batch), ops.trace(g_factors[k]), self._trace_threshold)
+            first = ops.logical_or(a_updates[k] == 0, g_updates[k] == 0)
+            moved = ops.logical_or(first, ops.logical_or(a_moved, g_moved))
+            masks += ((ops.logical_and(capture.capture_a, moved), ops.logical_and(capture.capture_g, moved)),)
+        return masks
+
+    def _inverse_due(self, step, refreshed):
+        return ops.stack(refreshed).any()
+
+    def _inverse_layers(self, step, refreshed):
+        return refreshed
+
+    def _capture_next(self, next_step):
+        due = next_step >= self.next_refresh
+        for capture in self.captures:
+            ops.assign(capture.capture_a, due)
+            ops.assign(capture.capture_g, due)
+        return due
+
+    def _after_step(self, step, refreshed):
+        captured = step >= self.next_refresh
+        interval = self.interval
+        grown = ops.ceil(ops.cast(interval, ms.float32) * self._growth - 1e-6)
+        grown = ops.cast(grown, ms.int32)
+        if self._max_frequency is not None:
+            grown = ops.minimum(grown, self._max_frequency)
+        ops.assign(self.next_refresh, ops.select(captured, step + interval, self.next_refresh))
+        ops.assign(self.interval, ops.select(captured, ops.maximum(grown, 1), interval))
+        ops.assign_add(self.layer_refreshes, ops.cast(ops.stack(refreshed), ms.int32))
+        return step
+
+    def state_counters(self):
+        counters = super().state_counters()
+        counters.update(interval=int(self.interval.asnumpy()), next_refresh=int(self.next_refresh.asnumpy()),
+                        layer_refreshes=self.layer_refreshes.asnumpy().tolist())
+        return counters

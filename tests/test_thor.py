@@ -1,0 +1,169 @@
+"""THOR: shared engine (equals K-FAC with the same policy), refresh rules, splitting, schedules, API."""
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import nn, ops, Tensor
+from mindspore.train import Model
+
+import mindspore_ngd as ngd
+from mindspore_ngd.schedule.refresh import growing_refresh_steps, next_interval, trace_changed
+from mindspore_ngd.schedule.thor import ThorDamping, ThorLR, thor_damping, thor_lr
+from nets import DenseNet
+from test_optimizer import BNNet, batch, train_step
+
+CE = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+def weights_after(make_opt, steps=7, seed=0):
+    ms.set_seed(seed)
+    net = BNNet()
+    opt = make_opt(net)
+    step = train_step(net, opt)
+    for i in range(steps):
+        step(*batch(i))
+    return {p.name: p.asnumpy() for p in net.trainable_params()}, opt
+
+
+def test_thor_without_splitting_or_trace_rule_equals_kfac_with_the_same_policy():
+    common = dict(momentum=0.9, weight_decay=1e-3, damping_split="sqrt", factor_decay=0.0, kl_clip=None,
+                  verbose=False)
+    thor, _ = weights_after(lambda net: ngd.THOR(net, 0.05, 1e-2, frequency=3, split_dim=None,
+                                                 trace_threshold=None, decay_filter=ngd.default_decay_filter,
+                                                 **common))
+    kfac, _ = weights_after(lambda net: ngd.KFAC(net, 0.05, 1e-2, factor_update_interval=3,
+                                                 inverse_update_interval=3, **common))
+    for name in kfac:
+        np.testing.assert_array_equal(thor[name], kfac[name], err_msg=name)
+
+
+def test_split_dim_at_least_the_factor_size_changes_nothing():
+    base, _ = weights_after(lambda net: ngd.THOR(net, 0.05, 1e-2, frequency=2, split_dim=None, verbose=False))
+    big, _ = weights_after(lambda net: ngd.THOR(net, 0.05, 1e-2, frequency=2, split_dim=1000, verbose=False))
+    for name in base:
+        np.testing.assert_array_equal(big[name], base[name], err_msg=name)
+
+
+def test_split_factors_are_stored_as_blocks_and_train():
+    weights, opt = weights_after(lambda net: ngd.THOR(net, 0.05, 1e-2, frequency=2, split_dim=8, verbose=False))
+    # conv: A is 2*3*3 + 1 = 19 -> 3 blocks of 8; fc: A is 101 -> 13 blocks of 8; G's 4 and 3 stay whole
+    assert opt.a_inverses[0].shape == (3, 8, 8) and opt.a_inverses[1].shape == (13, 8, 8)
+    assert opt.g_inverses[0].shape == (4, 4) and opt.g_inverses[1].shape == (3, 3)
+    assert opt.state_counters()["inverse_faults"] == 0
+    assert all(np.isfinite(w).all() for w in weights.values())
+
+
+def test_growing_refresh_interval_planner_and_optimizer_agree():
+    assert next_interval(3, 1.5, None) == 5 and next_interval(8, 2.0, 10) == 10 and next_interval(4, 1.0, None) == 4
+    expected = growing_refresh_steps(2, 2.0, 8, 30)
+    assert expected == [0, 2, 6, 14, 22]
+    ms.set_seed(0)
+    net = DenseNet()
+    opt = ngd.THOR(net, 0.05, 1e-2, frequency=2, frequency_growth=2.0, max_frequency=8, verbose=False)
+    step = train_step(net, opt)
+    x, y = batch(0, shape=(5,))
+    seen, last = [], 0
+    for i in range(30):
+        step(x, y)
+        updates = int(opt.a_updates[0].asnumpy())
+        if updates > last:
+            seen.append(i)
+            last = updates
+    assert seen == expected
+    assert opt.state_counters()["interval"] == 8
+
+
+class _TraceRule(nn.Cell):
+    def construct(self, new, old, threshold):
+        return trace_changed(new, old, threshold)
+
+
+def test_trace_rule_on_a_synthetic_sequence():
+    rule = _TraceRule()
+    traces = [10.0, 10.5, 10.9, 13.0, 13.1, 0.0, 1.0]
+    kept = traces[0]
+    decisions = []
+    for value in traces[1:]:
+        changed = bool(rule(Tensor(np.float32(value)), Tensor(np.float32(kept)), 0.1).asnumpy())
+        decisions.append(changed)
+        if changed:
+            kept = value                  # the inverse is rebuilt from the new statistic
+    # 10.5 (+5%) keep; 10.9 (+9% of 10) keep; 13.0 (+30%) refresh; 13.1 keep; 0.0 refresh; from 0 always
+    assert decisions == [False, False, True, False, True, True]
+
+
+@pytest.mark.parametrize("threshold, expected_refreshes", [(1e9, 1), (1e-9, 4)])
+def test_trace_threshold_controls_which_layers_refresh(threshold, expected_refreshes):
+    _, opt = weights_after(lambda net: ngd.THOR(net, 0.05, 1e-2, frequency=2, trace_threshold=threshold,
+                                                verbose=False), steps=7)
+    counters = opt.state_counters()
+    assert counters["layer_refreshes"] == [expected_refreshes] * 2      # refresh points 0, 2, 4, 6
+    assert int(opt.a_updates[0].asnumpy()) == expected_refreshes
+
+
+def test_builtin_thor_argument_set_is_accepted_positionally():
+    lr = Tensor(thor_lr(0.05803, 4.0839, 53, 10, 2))
+    damping = Tensor(thor_damping(0.03, 0.50036, 10, 2))
+    net = BNNet()
+    # thor(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov,
+    #      decay_filter, split_indices, enable_clip_grad, frequency)
+    opt = ngd.THOR(net, lr, damping, 0.9, 5e-4, 128, 32, False, lambda x: x.name not in [], [26, 53], True, 4,
+                   verbose=False)
+    assert opt.policy.clip_norm == 1.0 and opt.policy.inverse_update_interval == 4
+    assert len(opt.decayed_parameters()) == len(net.trainable_params())
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(frequency=0), ValueError, r"frequency must be an int >= 1, got 0"),
+    (dict(split_dim=0), ValueError, r"split_dim must be an int >= 1, got 0"),
+    (dict(trace_threshold=-0.1), ValueError, r"trace_threshold must be a finite number > 0"),
+    (dict(frequency_growth=0.5), ValueError, r"frequency_growth must be in \[1.0, inf"),
+    (dict(frequency=10, max_frequency=5), ValueError, r"max_frequency must be >= frequency \(10\), got 5"),
+    (dict(inverse_method="svd"), ValueError, r"inverse_method must be one of"),
+    (dict(damping=Tensor(np.array([0.1, 0.0], np.float32))), ValueError, r"every value of damping"),
+    (dict(enable_clip_grad=1), TypeError, r"enable_clip_grad must be a bool"),
+])
+def test_bad_thor_arguments(kwargs, error, match):
+    args = dict(learning_rate=0.1, damping=0.03)
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        ngd.THOR(DenseNet(), verbose=False, **args)
+
+
+def test_model_zoo_schedules():
+    lr = thor_lr(0.05803, 4.0839, 53, steps_per_epoch=10, total_epochs=45)
+    for epoch in (1, 10, 30, 45):
+        step = epoch * 10 - 1                                  # the last step of that epoch
+        assert lr[step] == pytest.approx(0.05803 * (1 - epoch / 53) ** 4.0839, rel=1e-6)
+    damping = thor_damping(0.03, 0.50036, steps_per_epoch=10, total_epochs=45)
+    for epoch in (1, 10, 45):
+        assert damping[epoch * 10 - 1] == pytest.approx(0.03 * 0.50036 ** (epoch / 10), rel=1e-6)
+    lr_cell, damping_cell = ThorLR(0.05803, 4.0839, 53, 10), ThorDamping(0.03, 0.50036, 10)
+    for step in (0, 99, 449):
+        assert float(lr_cell(Tensor(step, ms.int32)).asnumpy()) == pytest.approx(lr[step], rel=1e-5)
+        assert float(damping_cell(Tensor(step, ms.int32)).asnumpy()) == pytest.approx(damping[step], rel=1e-5)
+    with pytest.raises(ValueError, match="lr_end_epoch must exceed total_epochs"):
+        thor_lr(0.05, 4.0, 40, 10, 45)
+
+
+def test_enable_clip_grad_bounds_every_update():
+    ms.set_seed(0)
+    net = DenseNet()
+    opt = ngd.THOR(net, 10.0, 1e-3, momentum=0.0, enable_clip_grad=True, frequency=1, verbose=False)
+    before = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+    train_step(net, opt)(*batch(0, shape=(5,)))
+    for p in net.trainable_params():
+        assert np.linalg.norm(p.asnumpy() - before[p.name]) <= 10.0 * (1 + 1e-5)
+
+
+def test_thor_trains_the_digits_cnn_on_cpu_in_model_train():
+    from mindspore_ngd.benchmarks.data import array_dataset, digits_arrays
+    from mindspore_ngd.benchmarks.models import DigitsCNN
+    x_train, y_train, x_test, y_test = digits_arrays()
+    ms.set_seed(0)
+    net = DigitsCNN()
+    opt = ngd.THOR(net, 0.05, 3e-2, 0.9, 5e-4, frequency=10, split_dim=64, trace_threshold=0.05, verbose=False)
+    model = Model(net, CE, opt, metrics={"acc"})
+    model.train(2, array_dataset(x_train, y_train, 64), dataset_sink_mode=False)
+    result = model.eval(array_dataset(x_test, y_test, 64, shuffle=False, drop_remainder=False))
+    assert result["acc"] > 0.85, result
