@@ -1,10 +1,10 @@
-"""K-FAC and Momentum side by side on scikit-learn's digits (the quick-start job).
+"""K-FAC, THOR and Momentum side by side on scikit-learn's digits (the quick-start job).
 
     python -m mindspore_ngd.demo [--epochs 10] [--lr 0.05] [--batch-size 64] [--mode graph|pynative]
 
-Trains the same small CNN (same initial weights, same data order) once with ``nn.Momentum`` and once
-with :class:`mindspore_ngd.KFAC` through stock ``mindspore.train.Model.train``, and prints per-epoch
-training loss, test accuracy and wall-clock time of both.
+Trains the same small CNN (same initial weights, same data order) with ``nn.Momentum``,
+:class:`mindspore_ngd.KFAC` and :class:`mindspore_ngd.THOR` through stock
+``mindspore.train.Model.train``, and prints per-epoch training loss, test accuracy and wall-clock time.
 """
 import argparse
 import os
@@ -20,7 +20,12 @@ import mindspore as ms  # noqa: E402
 from mindspore import nn, Tensor  # noqa: E402
 from mindspore.train import Callback, Model  # noqa: E402
 
-__all__ = ["train_digits", "main"]
+__all__ = ["train_digits", "first_reaching", "main"]
+
+
+def first_reaching(rows, target):
+    """The first per-epoch row whose test accuracy reaches ``target``, or None."""
+    return next((r for r in rows if r["test_acc"] >= target), None)
 
 
 class _EpochLog(Callback):
@@ -58,7 +63,10 @@ class _EpochLog(Callback):
 
 def train_digits(optimizer="kfac", epochs=10, lr=0.05, batch_size=64, seed=0, verbose=True, sink=False,
                  **kfac_kwargs):
-    """Train the digits CNN with "kfac" or "momentum"; return the per-epoch rows."""
+    """Train the digits CNN with "kfac", "thor" or "momentum"; return the per-epoch rows.
+
+    ``kfac_kwargs`` override the second-order optimizer's arguments.
+    """
     from .benchmarks.data import array_dataset, digits_arrays
     from .benchmarks.models import DigitsCNN
     from . import KFAC
@@ -71,10 +79,16 @@ def train_digits(optimizer="kfac", epochs=10, lr=0.05, batch_size=64, seed=0, ve
         kwargs = dict(damping=1e-2, momentum=0.9, kl_clip=1e-3, inverse_update_interval=20, verbose=verbose)
         kwargs.update(kfac_kwargs)
         opt = KFAC(net, learning_rate=lr, **kwargs)
+    elif optimizer == "thor":
+        from . import THOR
+        kwargs = dict(damping=1e-2, momentum=0.9, frequency=10, split_dim=64, trace_threshold=0.05,
+                      kl_clip=1e-3, verbose=verbose)
+        kwargs.update(kfac_kwargs)
+        opt = THOR(net, learning_rate=lr, **kwargs)
     elif optimizer == "momentum":
         opt = nn.Momentum(net.trainable_params(), learning_rate=lr, momentum=0.9)
     else:
-        raise ValueError(f"optimizer must be 'kfac' or 'momentum', got {optimizer!r}")
+        raise ValueError(f"optimizer must be 'kfac', 'thor' or 'momentum', got {optimizer!r}")
     model = Model(net, loss_fn, opt)
     log = _EpochLog([net], loss_fn, (x_train, y_train), (x_test, y_test), verbose, optimizer)
     model.train(epochs, array_dataset(x_train, y_train, batch_size, seed=seed), callbacks=[log],
@@ -95,7 +109,7 @@ def main(argv=None):
     print(f"digits CNN, {args.epochs} epochs, batch {args.batch_size}, lr {args.lr}, {args.mode} mode, "
           f"ONEDNN_MAX_CPU_ISA={os.environ.get('ONEDNN_MAX_CPU_ISA')}")
     results = {}
-    for name in ("momentum", "kfac"):
+    for name in ("momentum", "kfac", "thor"):
         results[name] = train_digits(name, args.epochs, args.lr, args.batch_size, args.seed)
     print("\noptimizer  epochs  final train loss  best test acc  seconds (training only)")
     for name, rows in results.items():
@@ -103,7 +117,7 @@ def main(argv=None):
               f"{max(r['test_acc'] for r in rows):13.4f}  {rows[-1]['seconds']:8.1f}")
     target = max(r["test_acc"] for r in results["momentum"])
     for name, rows in results.items():
-        hit = next((r for r in rows if r["test_acc"] >= target), None)
+        hit = first_reaching(rows, target)
         where = f"epoch {hit['epoch']} ({hit['seconds']:.1f} s)" if hit else "not reached"
         print(f"{name:9s} reaches Momentum's best test accuracy {target:.4f} at {where}")
 

@@ -3,7 +3,6 @@ import numpy as np
 import pytest
 
 from mindspore import nn, Tensor
-from mindspore.train import Model
 
 import mindspore_ngd as ngd
 from nets import ConvNet, DenseNet, set_weights

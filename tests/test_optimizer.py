@@ -9,7 +9,7 @@ from mindspore import nn, Tensor
 from mindspore.train import Model, FixedLossScaleManager
 
 import mindspore_ngd as ngd
-from nets import DenseNet, set_weights
+from nets import DenseNet
 
 CE = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 

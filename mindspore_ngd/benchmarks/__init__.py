@@ -1,1 +1,19 @@
 """Models, data sets and benchmark scripts (``python -m mindspore_ngd.benchmarks.<name>``)."""
+import json
+import os
+import platform
+
+
+def save_results(out_dir, name, payload):
+    """Write ``payload`` plus a description of the machine to ``out_dir/name.json``; return the path."""
+    import mindspore as ms
+    payload = dict(payload)
+    payload["machine"] = {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+                          "mindspore": ms.__version__,
+                          "ONEDNN_MAX_CPU_ISA": os.environ.get("ONEDNN_MAX_CPU_ISA")}
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{name}.json")
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=2)
+    print(f"saved {path}")
+    return path

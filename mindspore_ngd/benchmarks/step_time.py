@@ -7,7 +7,9 @@ For each model three training cells are built in one process (same architecture,
 * ``momentum``   -- ``nn.Momentum``;
 * ``kfac-20/20`` -- K-FAC capturing factors and inverting every 20 steps: step 0 of each period is a
   refresh step (capture + moving average + inverses), the other 19 pay only for preconditioning;
-* ``kfac-1/20``  -- K-FAC with the default schedule (factors every step, inverses every 20 steps).
+* ``kfac-1/20``  -- K-FAC with the default schedule (factors every step, inverses every 20 steps);
+* ``thor-20-split128`` / ``thor-20-nosplit`` -- THOR with ``frequency=20`` (factors and inverses every
+  20 steps, fixed interval), with and without 128-blocks.
 
 They run in interleaved rounds of 20 steps (round-robin, so machine noise hits all alike); each step
 ends with ``.asnumpy()``. Reported: median step time per kind of step, the ratio to Momentum, and
@@ -15,9 +17,7 @@ the amortised (mean) step time over whole 20-step periods. Results are printed a
 and saved as JSON. Synthetic inputs: step time does not depend on the data.
 """
 import argparse
-import json
 import os
-import platform
 import time
 
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
@@ -26,6 +26,8 @@ import numpy as np  # noqa: E402
 
 import mindspore as ms  # noqa: E402
 from mindspore import nn, Tensor  # noqa: E402
+
+from . import save_results  # noqa: E402
 
 PERIOD = 20
 
@@ -39,11 +41,15 @@ MODELS = {
 def _build(model_name, optimizer, seed=0):
     from . import models
     from .. import KFAC
-    ctor, _, _ = MODELS[model_name]
+    ctor = MODELS[model_name][0]
     ms.set_seed(seed)
     net = getattr(models, ctor)()
     if optimizer == "momentum":
         opt = nn.Momentum(net.trainable_params(), learning_rate=0.01, momentum=0.9)
+    elif optimizer.startswith("thor"):
+        from .. import THOR
+        split_dim = None if optimizer.endswith("nosplit") else 128
+        opt = THOR(net, learning_rate=0.01, damping=1e-2, frequency=PERIOD, split_dim=split_dim, verbose=False)
     else:
         factor_interval = PERIOD if optimizer == "kfac-20/20" else 1
         opt = KFAC(net, learning_rate=0.01, damping=1e-2, factor_update_interval=factor_interval,
@@ -54,7 +60,10 @@ def _build(model_name, optimizer, seed=0):
     return cell
 
 
-def bench_model(model_name, rounds, kinds=("momentum", "kfac-20/20", "kfac-1/20")):
+KINDS = ("momentum", "kfac-20/20", "kfac-1/20", "thor-20-split128", "thor-20-nosplit")
+
+
+def bench_model(model_name, rounds, kinds=KINDS):
     _, shape, batch = MODELS[model_name]
     rng = np.random.default_rng(0)
     x = Tensor(rng.standard_normal((batch,) + shape).astype(np.float32))
@@ -120,15 +129,7 @@ def main(argv=None):
         rows += bench_model(model_name, args.rounds)
     table = markdown(rows)
     print(table)
-    os.makedirs(args.out, exist_ok=True)
-    meta = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-            "mindspore": ms.__version__, "ONEDNN_MAX_CPU_ISA": os.environ.get("ONEDNN_MAX_CPU_ISA"),
-            "rounds": args.rounds, "period": PERIOD}
-    path = os.path.join(args.out, "step_time.json")
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump({"meta": meta, "rows": rows, "markdown": table}, handle, indent=2)
-    print(f"saved {path}")
-
+    save_results(args.out, "step_time", {"rounds": args.rounds, "period": PERIOD, "rows": rows, "markdown": table})
 
 if __name__ == "__main__":
     main()

@@ -20,7 +20,6 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
 from ..curvature import factors

@@ -124,7 +124,7 @@ def from_blocks(blocks, layout):
 
     Meant for tests and inspection: it materialises the (P, P) matrix.
     """
-    nb, s, dim = layout.count, layout.size, layout.dim
+    nb, dim = layout.count, layout.dim
     if nb == 1:
         return blocks[0]
     mask = ops.eye(nb, nb, blocks.dtype).reshape(nb, 1, nb, 1)

@@ -51,12 +51,7 @@ def same_padding(size, kernel, stride, dilation):
     return needed // 2, needed - needed // 2
 
 
-def conv_patches(x, kernel_size, stride, dilation, pad_mode, padding):
-    """im2col patches of an NCHW input: (N, C*kh*kw, T), rows ordered like the flattened weight.
-
-    ``padding`` is (top, bottom, left, right) for ``pad_mode='pad'``; it is ignored otherwise.
-    """
-    x = ops.cast(x, ms.float32)
+def _padded(x, kernel_size, stride, dilation, pad_mode, padding):
     if pad_mode == "same":
         top, bottom = same_padding(x.shape[2], kernel_size[0], stride[0], dilation[0])
         left, right = same_padding(x.shape[3], kernel_size[1], stride[1], dilation[1])
@@ -66,6 +61,15 @@ def conv_patches(x, kernel_size, stride, dilation, pad_mode, padding):
         top, bottom, left, right = 0, 0, 0, 0
     if top + bottom + left + right > 0:
         x = ops.pad(x, (left, right, top, bottom))
+    return x
+
+
+def conv_patches(x, kernel_size, stride, dilation, pad_mode, padding):
+    """im2col patches of an NCHW input: (N, C*kh*kw, T), rows ordered like the flattened weight.
+
+    ``padding`` is (top, bottom, left, right) for ``pad_mode='pad'``; it is ignored otherwise.
+    """
+    x = _padded(ops.cast(x, ms.float32), kernel_size, stride, dilation, pad_mode, padding)
     return ops.unfold(x, kernel_size, dilation, 0, stride)
 
 
