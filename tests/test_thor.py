@@ -92,13 +92,53 @@ def test_trace_rule_on_a_synthetic_sequence():
     assert decisions == [False, False, True, False, True, True]
 
 
-@pytest.mark.parametrize("threshold, expected_refreshes", [(1e9, 1), (1e-9, 4)])
+@pytest.mark.parametrize("threshold, expected_refreshes", [(1e9, 1), (1e-9, 3)])
 def test_trace_threshold_controls_which_layers_refresh(threshold, expected_refreshes):
+    # refresh points 0, 2, 4, 6: step 0 captures everything; points 2, 4, 6 probe traces and the
+    # following step (3, 5; 7 is beyond the run) captures what moved
     _, opt = weights_after(lambda net: ngd.THOR(net, 0.05, 1e-2, frequency=2, trace_threshold=threshold,
                                                 verbose=False), steps=7)
     counters = opt.state_counters()
-    assert counters["layer_refreshes"] == [expected_refreshes] * 2      # refresh points 0, 2, 4, 6
+    assert counters["layer_refreshes"] == [expected_refreshes] * 2
     assert int(opt.a_updates[0].asnumpy()) == expected_refreshes
+    assert int(opt.g_updates[1].asnumpy()) == expected_refreshes
+
+
+class _Traces(nn.Cell):
+    def __init__(self, capture):
+        super().__init__()
+        self.capture = capture
+
+    def construct(self, x):
+        return self.capture.input_trace(x)
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_input_trace_without_forming_the_factor(case):
+    from mindspore_ngd.capture import LayerCapture, find_layers
+    from test_factors import CONV_CASES, make_conv_net
+    rng = np.random.default_rng(case)
+    net, x, y, _ = make_conv_net(CONV_CASES[case], rng)
+    factors = ngd.kronecker_factors(net, CE, Tensor(x), Tensor(y))
+    specs, _, _ = find_layers(net)
+    for spec in specs:
+        probe = _Traces(LayerCapture(spec, "t"))
+        inputs = x if spec.kind == "conv2d" else np.maximum(net.conv(Tensor(x)).asnumpy(), 0).reshape(len(x), -1)
+        assert float(probe(Tensor(inputs)).asnumpy()) == pytest.approx(np.trace(factors[spec.name][0]), rel=1e-5)
+
+
+def test_trace_rule_skips_the_factor_computation_of_unmoved_statistics():
+    ms.set_seed(0)
+    net = BNNet()
+    opt = ngd.THOR(net, 0.05, 1e-2, frequency=2, trace_threshold=1e9, verbose=False)
+    step = train_step(net, opt)
+    step(*batch(0))                                             # step 0 captures every factor
+    first = opt.captures[0].a_batch.asnumpy().copy()
+    for i in range(1, 6):                                       # refresh points 2 and 4 only probe traces
+        step(*batch(i))
+    np.testing.assert_array_equal(opt.captures[0].a_batch.asnumpy(), first)
+    assert float(opt.captures[0].a_trace.asnumpy()) > 0         # the probe ran
+    assert int(opt.a_updates[0].asnumpy()) == 1
 
 
 def test_builtin_thor_argument_set_is_accepted_positionally():

@@ -141,6 +141,23 @@ class LayerCapture(nn.Cell):
         self.pad_mode = spec.pad_mode
         self.padding = spec.padding
         self.grad_hook = ops.InsertGradientOf(self.save_output_factor)
+        # trace probes (THOR's trace rule): off unless enable_traces() is called
+        self.traces_enabled = False
+        self.trace_a = Parameter(Tensor(False), name=f"{base}.trace_a", requires_grad=False)
+        self.trace_g = Parameter(Tensor(False), name=f"{base}.trace_g", requires_grad=False)
+        self.a_trace = Parameter(Tensor(np.float32(0)), name=f"{base}.a_trace", requires_grad=False)
+        self.g_trace = Parameter(Tensor(np.float32(0)), name=f"{base}.g_trace", requires_grad=False)
+
+    def enable_traces(self):
+        """Also compute trace(A) / trace(G) of the batch, without forming the factors, on steps whose
+        ``trace_a`` / ``trace_g`` flag is set (single-level branches, like the factor capture)."""
+        self.traces_enabled = True
+
+    def input_trace(self, x):
+        if self.is_conv:
+            return factors.conv_input_trace(x, self.kernel_size, self.stride, self.dilation, self.pad_mode,
+                                            self.padding, self.has_bias)
+        return factors.dense_input_trace(x, self.has_bias)
 
     def input_factor(self, x):
         if self.is_conv:
@@ -156,11 +173,17 @@ class LayerCapture(nn.Cell):
     def capture_input(self, x):
         if self.capture_a:
             ops.assign(self.a_batch, self.input_factor(x))
+        if self.traces_enabled:
+            if self.trace_a:
+                ops.assign(self.a_trace, self.input_trace(x))
         return x
 
     def save_output_factor(self, dy):
         if self.capture_g:
             ops.assign(self.g_batch, self.output_factor(dy))
+        if self.traces_enabled:
+            if self.trace_g:
+                ops.assign(self.g_trace, factors.output_trace(dy, self.g_scale, self.is_conv))
         return dy
 
 

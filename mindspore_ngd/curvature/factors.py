@@ -18,7 +18,7 @@ import mindspore as ms
 from mindspore import ops
 
 __all__ = ["dense_input_factor", "dense_output_factor", "conv_input_factor", "conv_output_factor",
-           "conv_patches", "same_padding"]
+           "conv_patches", "same_padding", "dense_input_trace", "conv_input_trace", "output_trace"]
 
 
 def _gram(rows_first):
@@ -49,6 +49,37 @@ def same_padding(size, kernel, stride, dilation):
     if needed < 0:
         needed = 0
     return needed // 2, needed - needed // 2
+
+
+def dense_input_trace(x, has_bias):
+    """trace(A) of a Dense layer without forming A: mean squared row norm (+1 with a bias)."""
+    x = ops.cast(x, ms.float32)
+    trace = (x * x).sum() / x.shape[0]
+    return trace + 1.0 if has_bias else trace
+
+
+def output_trace(dy, g_scale, conv):
+    """trace(G) without forming G: ``rows * sum dy^2`` (Dense) or ``(B / T) * sum dy^2`` (Conv2d)."""
+    dy = ops.cast(dy, ms.float32)
+    total = (dy * dy).sum() * g_scale
+    if conv:
+        return total * (dy.shape[0] / (dy.shape[2] * dy.shape[3]))
+    return total * dy.shape[0]
+
+
+def conv_input_trace(x, kernel_size, stride, dilation, pad_mode, padding, has_bias):
+    """trace(A) of a Conv2d without im2col: ``(1/B) sum_t |patch_t|^2`` (+T with a bias).
+
+    The sum of squared patch norms is a convolution of ``x^2`` with an all-ones kernel (one output
+    channel) over the same geometry: one cheap convolution instead of the patch covariance.
+    """
+    x = _padded(ops.cast(x, ms.float32), kernel_size, stride, dilation, pad_mode, padding)
+    ones = ops.ones((1, x.shape[1], kernel_size[0], kernel_size[1]), ms.float32)
+    sums = ops.conv2d(x * x, ones, None, stride, "valid", 0, dilation)
+    trace = sums.sum() / x.shape[0]
+    if has_bias:
+        trace = trace + sums.shape[2] * sums.shape[3]
+    return trace
 
 
 def _padded(x, kernel_size, stride, dilation, pad_mode, padding):

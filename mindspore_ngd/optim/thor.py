@@ -5,10 +5,13 @@ What makes it THOR rather than K-FAC, all in the policy:
 * statistics and inverses are refreshed together at refresh points: steps 0, f0, f0 + f1, ... with
   ``f0 = frequency`` and ``f_{i+1} = min(ceil(f_i * frequency_growth), max_frequency)`` (growth 1 is
   MindSpore's fixed ``frequency``); other steps only precondition with the stored inverses;
-* trace-based refresh: at a refresh point a layer takes its new factors and gets new inverses only
-  if the trace of its A or G changed by more than ``trace_threshold`` (relative) since the factors
-  its current inverses were built from; the others keep theirs (``trace_threshold=None`` refreshes
-  every layer);
+* trace-based refresh (``trace_threshold`` set): the first step captures every factor; after that
+  a refresh point only computes the traces of the batch's A and G, *without forming them* (a sum of
+  squares; for a convolution a one-output-channel convolution of the squared input), and the next
+  step captures just the statistics whose trace moved by more than ``trace_threshold`` (relative)
+  from the trace of the factor in use. Layers with a recaptured statistic get new inverses; the
+  others keep theirs and pay no im2col, covariance or inversion. ``trace_threshold=None`` captures
+  and inverts everything at every refresh point;
 * hardware-driven block splitting: factors larger than ``split_dim`` are inverted as block-diagonal
   matrices of ``split_dim`` blocks (128 matches the Ascend cube unit); ``split_dim=None`` disables;
 * damping split as MindSpore's THOR, ``A + sqrt(damping) I`` and ``G + sqrt(damping) I``, no moving
@@ -90,22 +93,11 @@ class THOR(NGDOptimizer):
         self.next_refresh = Parameter(Tensor(np.int32(0)), name="thor.next_refresh", requires_grad=False)
         self.layer_refreshes = Parameter(Tensor(np.zeros(self.num_layers, np.int32)),
                                          name="thor.layer_refreshes", requires_grad=False)
+        if self._trace_threshold is not None:
+            for capture in self.captures:
+                capture.enable_traces()
 
     # ---------------------------------------------------------------- policy hooks
-    def _fold_masks(self, factor_state):
-        if self._trace_threshold is None:
-            return super()._fold_masks(factor_state)
-        a_factors, g_factors, a_updates, g_updates, _ = factor_state
-        masks = ()
-        for k in range(self.num_layers):
-            capture = self.captures[k]
-            a_moved = trace_changed(ops.trace(capture.a_batch), ops.trace(a_factors[k]), self._trace_threshold)
-            g_moved = trace_changed(ops.trace(capture.g_batch), ops.trace(g_factors[k]), self._trace_threshold)
-            first = ops.logical_or(a_updates[k] == 0, g_updates[k] == 0)
-            moved = ops.logical_or(first, ops.logical_or(a_moved, g_moved))
-            masks += ((ops.logical_and(capture.capture_a, moved), ops.logical_and(capture.capture_g, moved)),)
-        return masks
-
     def _inverse_due(self, step, refreshed):
         return ops.stack(refreshed).any()
 
@@ -114,9 +106,24 @@ class THOR(NGDOptimizer):
 
     def _capture_next(self, next_step):
         due = next_step >= self.next_refresh
-        for capture in self.captures:
-            ops.assign(capture.capture_a, due)
-            ops.assign(capture.capture_g, due)
+        if self._trace_threshold is None:
+            for capture in self.captures:
+                ops.assign(capture.capture_a, due)
+                ops.assign(capture.capture_g, due)
+            return due
+        # trace rule: a refresh point only probes traces; the next step captures the statistics whose
+        # trace moved (every statistic before its first capture)
+        probed = self.captures[0].trace_a
+        for k in range(self.num_layers):
+            capture = self.captures[k]
+            a_moved = ops.logical_or(self.a_updates[k] == 0, trace_changed(
+                capture.a_trace, ops.trace(self.a_factors[k]), self._trace_threshold))
+            g_moved = ops.logical_or(self.g_updates[k] == 0, trace_changed(
+                capture.g_trace, ops.trace(self.g_factors[k]), self._trace_threshold))
+            ops.assign(capture.capture_a, ops.logical_and(probed, a_moved))
+            ops.assign(capture.capture_g, ops.logical_and(probed, g_moved))
+            ops.assign(capture.trace_a, due)
+            ops.assign(capture.trace_g, due)
         return due
 
     def _after_step(self, step, refreshed):
