@@ -81,13 +81,18 @@ def make_conv_net(case, rng, cin=2, cout=3, hw=7):
     return net, x, y, (kernel, stride, pad_mode, pads, dilation)
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_dense_factors_match_reference(bias):
-    rng = np.random.default_rng(0)
+def make_dense_net(seed, bias, batch):
+    rng = np.random.default_rng(seed)
     net = DenseNet(bias=bias)
     set_weights(net, rng)
-    x = rng.standard_normal((6, 5)).astype(np.float32)
-    y = rng.integers(0, 3, 6).astype(np.int32)
+    x = rng.standard_normal((batch, 5)).astype(np.float32)
+    y = rng.integers(0, 3, batch).astype(np.int32)
+    return net, x, y
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_dense_factors_match_reference(bias):
+    net, x, y = make_dense_net(0, bias, 6)
     got = ngd.kronecker_factors(net, CE, Tensor(x), Tensor(y))
     expected = dense_reference(net, x, y)
     assert set(got) == {"fc1", "fc2"}
@@ -129,11 +134,7 @@ def split_expected(delta, name, matrix, bias):
 
 @pytest.mark.parametrize("split", ["sqrt", "pi"])
 def test_one_dense_step_moves_weights_by_minus_p(split):
-    rng = np.random.default_rng(2)
-    net = DenseNet(bias=True)
-    set_weights(net, rng)
-    x = rng.standard_normal((8, 5)).astype(np.float32)
-    y = rng.integers(0, 3, 8).astype(np.int32)
+    net, x, y = make_dense_net(2, True, 8)
     expected = dense_reference(net, x, y)
     delta = one_step_update(net, x, y, split, damping=0.05)
     for name, (big_a, big_g, grad) in expected.items():

@@ -19,7 +19,7 @@ K-FAC, SP-NGD and THOR differ only in the :class:`Policy` and in the two refresh
 (:meth:`NGDOptimizer._capture_next` and :meth:`NGDOptimizer._inverse_due`).
 """
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -76,9 +76,6 @@ class Policy:
             _validate.positive_int("split_dim", self.split_dim)
         _validate.optional_positive_float("clip_norm", self.clip_norm)
         return self
-
-    def with_options(self, **changes):
-        return replace(self, **changes).validated()
 
 
 def default_decay_filter(param):
@@ -323,9 +320,8 @@ class NGDOptimizer(nn.Optimizer):
         policy = self.policy
         if layout.count == 1:
             return inv_ops.damped_inverse(factor, shift, policy.inverse_method, policy.jitter)
-        jitter_shift = policy.jitter * ops.relu(ops.trace(factor))
         return blk.blocked_damped_inverse(blk.to_blocks(factor, layout), shift, policy.inverse_method,
-                                          jitter_shift)
+                                          blk.trace_jitter(factor, policy.jitter))
 
     def _refreshed_state(self, state, factor_state, damping, layers):
         a_inverses, g_inverses, has_inverse, faults, refreshes = state
