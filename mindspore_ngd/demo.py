@@ -31,9 +31,9 @@ def first_reaching(rows, target):
 class _EpochLog(Callback):
     """Collects per-epoch wall time, full training-set loss and test accuracy."""
 
-    def __init__(self, model_ref, loss_fn, train, test, verbose, label):
+    def __init__(self, net, train, test, verbose, label):
         super().__init__()
-        self.model_ref, self.loss_fn = model_ref, loss_fn
+        self.net = net
         self.train, self.test = train, test
         self.verbose, self.label = verbose, label
         self.rows, self.start, self.eval_time = [], None, 0.0
@@ -43,7 +43,7 @@ class _EpochLog(Callback):
 
     def on_train_epoch_end(self, run_context):
         t_eval = time.perf_counter()
-        net = self.model_ref[0]
+        net = self.net
         was_training = net.training
         net.set_train(False)
         logits = net(Tensor(self.train[0])).asnumpy()
@@ -90,7 +90,7 @@ def train_digits(optimizer="kfac", epochs=10, lr=0.05, batch_size=64, seed=0, ve
     else:
         raise ValueError(f"optimizer must be 'kfac', 'thor' or 'momentum', got {optimizer!r}")
     model = Model(net, loss_fn, opt)
-    log = _EpochLog([net], loss_fn, (x_train, y_train), (x_test, y_test), verbose, optimizer)
+    log = _EpochLog(net, (x_train, y_train), (x_test, y_test), verbose, optimizer)
     model.train(epochs, array_dataset(x_train, y_train, batch_size, seed=seed), callbacks=[log],
                 dataset_sink_mode=sink)
     return log.rows

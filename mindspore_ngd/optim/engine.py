@@ -84,10 +84,6 @@ def default_decay_filter(param):
     return len(param.shape) > 1
 
 
-def _bool(value):
-    return Tensor(value, ms.bool_)
-
-
 class NGDOptimizer(nn.Optimizer):
     """Natural-gradient optimizer engine (an ``nn.Optimizer``); use :class:`mindspore_ngd.KFAC` etc.
 
