@@ -24,7 +24,8 @@ from mindspore import nn, ops, Parameter, Tensor
 
 from ..curvature import factors
 
-__all__ = ["LayerSpec", "LayerCapture", "find_layers", "attach", "detach"]
+__all__ = ["LayerSpec", "LayerCapture", "NormSpec", "NormCapture", "find_layers", "find_batchnorms", "attach",
+           "detach"]
 
 _ATTR = "_ngd_capture"
 
@@ -187,6 +188,98 @@ class LayerCapture(nn.Cell):
         return dy
 
 
+@dataclass(frozen=True)
+class NormSpec:
+    """A BatchNorm layer preconditioned unit-wise (one 2x2 Fisher per channel)."""
+    name: str
+    gamma_name: str
+    beta_name: str
+    channels: int
+    eps: float
+
+
+def _norm_unsupported_reason(cell):
+    if type(cell).construct not in (nn.BatchNorm1d.construct, nn.BatchNorm2d.construct) \
+            and not hasattr(cell, _ATTR):
+        return "custom construct"
+    if not (cell.gamma.requires_grad and cell.beta.requires_grad):
+        return "gamma/beta not trainable (affine=False?)"
+    if cell.use_batch_statistics is not None:
+        return f"use_batch_statistics={cell.use_batch_statistics}"
+    if getattr(cell, "format", "NCHW") != "NCHW":
+        return f"data_format={cell.format}"
+    return None
+
+
+def find_batchnorms(network):
+    """``(specs, cells, skipped)`` for the ``nn.BatchNorm1d`` / ``nn.BatchNorm2d`` cells of ``network``."""
+    specs, cells, skipped = [], [], []
+    for name, cell in network.cells_and_names():
+        if not isinstance(cell, (nn.BatchNorm1d, nn.BatchNorm2d)) or not name:
+            continue
+        reason = _norm_unsupported_reason(cell)
+        if reason is not None:
+            skipped.append((name, reason))
+            continue
+        specs.append(NormSpec(name=name, gamma_name=cell.gamma.name, beta_name=cell.beta.name,
+                              channels=int(cell.gamma.shape[0]), eps=float(cell.eps)))
+        cells.append(cell)
+    return specs, cells, skipped
+
+
+class NormCapture(nn.Cell):
+    """Per-channel (gamma, beta) Fisher buffer of one BatchNorm layer, its flag and its hook.
+
+    On a capture step the layer's output becomes ``y + xhat * p_gamma + p_beta`` with a zero probe
+    ``p`` of shape (2, B, C, 1, 1): the value is unchanged, and the gradient reaching ``p`` is the
+    per-example (g_gamma, g_beta) that :func:`factors.unit_fisher` turns into the Fisher entries. On
+    other steps the probe is not added (a single-level run-time branch) and costs nothing.
+    """
+
+    def __init__(self, spec, prefix, loss_scale=1.0):
+        super().__init__(auto_prefix=False)
+        self.spec = spec
+        base = f"{prefix}.{spec.name}"
+        self.f_batch = Parameter(Tensor(np.zeros((spec.channels, 3), np.float32)), name=f"{base}.f_batch",
+                                 requires_grad=False)
+        self.capture_f = Parameter(Tensor(True), name=f"{base}.capture_f", requires_grad=False)
+        self.eps = spec.eps
+        self.g_scale = 1.0 / float(loss_scale)
+        self.grad_hook = ops.InsertGradientOf(self.save_fisher)
+
+    def save_fisher(self, probe_grad):
+        if self.capture_f:
+            ops.assign(self.f_batch, factors.unit_fisher(probe_grad, self.g_scale))
+        return probe_grad
+
+    def probe(self, x, y, gamma):
+        # the hook sits outside the branch: a hook inside a value-returning branch fails to compile
+        probe = self.grad_hook(factors.unit_probe(gamma, x.shape[0], x.ndim))
+        if self.capture_f:
+            xhat = factors.normalized_input(x, self.eps)
+            y = y + ops.cast(xhat * probe[0] + probe[1], y.dtype)
+        return y
+
+
+class _CapturedBatchNorm:
+    """construct of a capturing BatchNorm: the training path with the Fisher probe, else as before."""
+
+    def construct(self, x):
+        if self.training:
+            y = self.bn_train(x, self.gamma, self.beta, self.moving_mean, self.moving_variance)[0]
+            return self._ngd_capture.probe(x, y, self.gamma)
+        x_shape = x.shape
+        reshaped = x
+        if len(x_shape) == 2:
+            reshaped = x.reshape(x_shape[0], x_shape[1], 1, 1)
+        elif len(x_shape) == 3:
+            reshaped = x.reshape(x_shape[0], x_shape[1], x_shape[2], 1)
+        out = self.bn_infer(reshaped, self.gamma, self.beta, self.moving_mean, self.moving_variance)[0]
+        if len(x_shape) < 4:
+            out = out.reshape(x_shape)
+        return out
+
+
 class _CapturedDense:
     """construct of a capturing nn.Dense (same computation as ``nn.Dense.construct``)."""
 
@@ -226,8 +319,12 @@ _CLASSES = {}
 
 
 def _captured_class(cls):
-    base = nn.Dense if issubclass(cls, nn.Dense) else nn.Conv2d
-    mixin = _CapturedDense if base is nn.Dense else _CapturedConv2d
+    if issubclass(cls, nn.Dense):
+        mixin = _CapturedDense
+    elif issubclass(cls, nn.Conv2d):
+        mixin = _CapturedConv2d
+    else:
+        mixin = _CapturedBatchNorm
     if cls not in _CLASSES:
         _CLASSES[cls] = type(f"NGD{cls.__name__}", (mixin, cls), {"_ngd_original_class": cls})
     return _CLASSES[cls]

@@ -18,7 +18,8 @@ import mindspore as ms
 from mindspore import ops
 
 __all__ = ["dense_input_factor", "dense_output_factor", "conv_input_factor", "conv_output_factor",
-           "conv_patches", "same_padding", "dense_input_trace", "conv_input_trace", "output_trace"]
+           "conv_patches", "same_padding", "dense_input_trace", "conv_input_trace", "output_trace",
+           "unit_probe", "normalized_input", "unit_fisher", "unit_natural_gradient"]
 
 
 def _gram(rows_first):
@@ -126,3 +127,52 @@ def conv_output_factor(dy, g_scale):
     positions = dy.shape[2] * dy.shape[3]
     cols = dy.reshape(batch, channels, positions).transpose(1, 0, 2).reshape(channels, -1)
     return ops.matmul(cols, cols.transpose(1, 0)) * (g_scale * batch / positions)
+
+
+# ---------------------------------------------------------------- unit-wise BatchNorm statistics
+# SP-NGD (Osawa et al. 2020, sec. 4.3) treats each BatchNorm channel c as a unit with its own 2x2
+# Fisher of (gamma_c, beta_c). With y = gamma * xhat + beta and per-example output gradients
+# dy_b = d l_b / d y_b, the per-example parameter gradients are (sums over spatial positions)
+#     g_gamma = sum_hw xhat * dy_b,   g_beta = sum_hw dy_b,
+# and F_c = (1/B) sum_b [g_gamma g_beta]^T [g_gamma g_beta]. The three distinct entries are stored
+# per channel as columns (F_gg, F_gb, F_bb) of a (C, 3) matrix.
+
+def unit_probe(gamma, batch, ndim):
+    """A zero tensor (2, B, C, 1, ...) whose gradient carries the per-example (g_gamma, g_beta).
+
+    It is tied to ``gamma`` (times 0) only so that autodiff reaches it: MindSpore does not
+    differentiate through a pure constant, and a hook on one never runs.
+    """
+    channels = gamma.shape[0]
+    tail = (1,) * (ndim - 2)
+    return ops.zeros((2, batch, channels) + tail, ms.float32) + 0.0 * ops.cast(gamma, ms.float32).reshape(
+        (1, 1, channels) + tail)
+
+
+def normalized_input(x, eps):
+    """``xhat`` of a training-mode BatchNorm: batch mean and biased variance over all axes but 1."""
+    x = ops.cast(x, ms.float32)
+    axes = (0,) + tuple(range(2, x.ndim))
+    centred = x - x.mean(axes, keep_dims=True)
+    return centred * ops.rsqrt((centred * centred).mean(axes, keep_dims=True) + eps)
+
+
+def unit_fisher(probe_grad, g_scale):
+    """(C, 3) per-channel Fisher entries from the gradient of the mean loss w.r.t. the probe.
+
+    ``probe_grad`` is (2, B, C, 1, ...): d L / d probe = (1/B) per-example gradients. ``g_scale`` is
+    ``1 / loss_scale``.
+    """
+    batch = probe_grad.shape[1]
+    grads = ops.cast(probe_grad, ms.float32).reshape(2, batch, -1) * (batch * g_scale)
+    gamma, beta = grads[0], grads[1]
+    return ops.stack(((gamma * gamma).mean(0), (gamma * beta).mean(0), (beta * beta).mean(0)), 1)
+
+
+def unit_natural_gradient(fisher, grad_gamma, grad_beta, damping):
+    """Closed-form ``(F_c + damping I)^-1 [g_gamma, g_beta]`` per channel; F as (C, 3) entries."""
+    a = fisher[:, 0] + damping
+    b = fisher[:, 1]
+    c = fisher[:, 2] + damping
+    det = a * c - b * b
+    return (c * grad_gamma - b * grad_beta) / det, (a * grad_beta - b * grad_gamma) / det

@@ -28,10 +28,11 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter, ParameterTuple, Tensor
 
 from .. import _validate
-from ..capture import LayerCapture, attach, find_layers
+from ..capture import LayerCapture, NormCapture, attach, find_batchnorms, find_layers
+from ..curvature import factors as fac
 from ..curvature import blocks as blk
 from ..curvature import inverse as inv_ops
-from ..schedule import as_schedule, check_positive_schedule
+from ..schedule import as_schedule, as_unit_schedule, check_positive_schedule
 
 __all__ = ["Policy", "NGDOptimizer", "default_decay_filter"]
 
@@ -54,6 +55,14 @@ class Policy:
             (THOR's hardware-driven splitting); None inverts whole factors.
         clip_norm: clip every final gradient tensor (after preconditioning and weight decay) to this
             L2 norm, as MindSpore's THOR ``enable_clip_grad`` does; None disables.
+        batchnorm_damping: precondition BatchNorm gamma/beta unit-wise (one damped 2x2 Fisher per
+            channel, SP-NGD) with this damping; None gives them the plain update.
+        damping_floor: the damping used is ``max(damping, damping_floor)`` (SP-NGD floors it at the
+            weight-decay coefficient).
+        fisher: "empirical" (G from the training labels) or "mc" (G from labels sampled from the
+            model's predictive distribution; needs :class:`mindspore_ngd.MCFisherTrainStep`).
+        track_changes: measure the relative change of every statistic when it is refreshed (the
+            input of SP-NGD's adaptive intervals).
     """
     name: str = "kfac"
     factor_update_interval: int = 1
@@ -64,6 +73,10 @@ class Policy:
     jitter: float = 1e-6
     split_dim: Optional[int] = None
     clip_norm: Optional[float] = None
+    batchnorm_damping: Optional[float] = None
+    damping_floor: float = 0.0
+    fisher: str = "empirical"
+    track_changes: bool = False
 
     def validated(self):
         _validate.positive_int("factor_update_interval", self.factor_update_interval)
@@ -75,7 +88,13 @@ class Policy:
         if self.split_dim is not None:
             _validate.positive_int("split_dim", self.split_dim)
         _validate.optional_positive_float("clip_norm", self.clip_norm)
+        _validate.optional_positive_float("batchnorm_damping", self.batchnorm_damping)
+        _validate.non_negative_float("damping_floor", self.damping_floor)
+        _validate.one_of("fisher", self.fisher, FISHER_KINDS)
         return self
+
+
+FISHER_KINDS = ("empirical", "mc")
 
 
 def default_decay_filter(param):
@@ -93,7 +112,8 @@ class NGDOptimizer(nn.Optimizer):
             trainable parameters are optimised.
         learning_rate: float, per-step list / ndarray / 1-D Tensor, or ``LearningRateSchedule``; > 0.
         damping: Tikhonov damping, same forms as ``learning_rate``; > 0.
-        momentum (float): momentum in [0, 1].
+        momentum: momentum in [0, 1]: a float, or a per-step list / ndarray / 1-D Tensor or a
+            ``LearningRateSchedule`` cell (e.g. SP-NGD's momentum rescaled with the learning rate).
         weight_decay (float): >= 0, applied after preconditioning to parameters chosen by
             ``decay_filter``.
         factor_decay (float): moving-average decay of the factors in [0, 1); 0 uses each batch alone.
@@ -113,7 +133,8 @@ class NGDOptimizer(nn.Optimizer):
             raise TypeError(f"network must be a mindspore.nn.Cell, got {type(network).__name__}")
         learning_rate = check_positive_schedule("learning_rate", learning_rate)
         check_positive_schedule("damping", damping)
-        momentum = _validate.float_in_range("momentum", momentum, 0.0, 1.0, high_inclusive=True)
+        if isinstance(momentum, (int, float)) and not isinstance(momentum, bool):
+            momentum = _validate.float_in_range("momentum", momentum, 0.0, 1.0, high_inclusive=True)
         weight_decay = _validate.non_negative_float("weight_decay", weight_decay)
         factor_decay = _validate.float_in_range("factor_decay", factor_decay, 0.0, 1.0)
         loss_scale = _validate.positive_float("loss_scale", loss_scale)
@@ -135,6 +156,10 @@ class NGDOptimizer(nn.Optimizer):
         keep = [i for i, s in enumerate(specs) if s.name not in skip_layers]
         skipped += [(specs[i].name, "skip_layers") for i in range(len(specs)) if i not in keep]
         specs, cells = [specs[i] for i in keep], [cells[i] for i in keep]
+        norm_specs, norm_cells = [], []
+        if policy.batchnorm_damping is not None:
+            norm_specs, norm_cells, norm_skipped = find_batchnorms(network)
+            skipped += norm_skipped
         if not specs:
             raise ValueError("network has no nn.Dense or nn.Conv2d layer that can be preconditioned"
                              + (f" (skipped: {skipped})" if skipped else ""))
@@ -155,13 +180,25 @@ class NGDOptimizer(nn.Optimizer):
             if s.has_bias:
                 roles[index[s.bias_name]] = (k, True)
         self._roles = tuple(roles)
+        # unit-wise BatchNorm: parameter index -> (norm index, 0 gamma / 1 beta)
+        norm_roles = [(-1, 0)] * len(params)
+        for j, s in enumerate(norm_specs):
+            norm_roles[index[s.gamma_name]] = (j, 0)
+            norm_roles[index[s.beta_name]] = (j, 1)
+        self._norm_roles = tuple(norm_roles)
+        self._gamma_index = tuple(index[s.gamma_name] for s in norm_specs)
+        self._beta_index = tuple(index[s.beta_name] for s in norm_specs)
         decay_filter = decay_filter or default_decay_filter
         self._decay = tuple(bool(decay_filter(p)) and weight_decay > 0 for p in self._parameters)
 
         # hyper-parameters
         self.damping = as_schedule(damping, f"{prefix}.damping")
-        self.momentum = Parameter(Tensor(np.float32(momentum)), name=f"{prefix}.momentum",
-                                  requires_grad=False)
+        if isinstance(momentum, float):
+            self.momentum = Parameter(Tensor(np.float32(momentum)), name=f"{prefix}.momentum",
+                                      requires_grad=False)
+            self.momentum_schedule = None
+        else:
+            self.momentum_schedule = as_unit_schedule(momentum, f"{prefix}.momentum", "momentum")
         self.weight_decay_value = Tensor(np.float32(weight_decay))
         self.factor_decay = float(factor_decay)
         self.kl_clip = policy.kl_clip
@@ -193,6 +230,16 @@ class NGDOptimizer(nn.Optimizer):
                                                    requires_grad=False) for s in specs])
         self.g_updates = ParameterTuple([Parameter(Tensor(0, ms.int32), name=f"{prefix}.{s.name}.G_updates",
                                                    requires_grad=False) for s in specs])
+        self.norm_specs = tuple(norm_specs)
+        self.norm_captures = nn.CellList([NormCapture(s, prefix, loss_scale) for s in norm_specs],
+                                         auto_prefix=False)
+        self.norm_factors = ParameterTuple([
+            Parameter(Tensor(np.zeros((s.channels, 3), np.float32)), name=f"{prefix}.{s.name}.F",
+                      requires_grad=False) for s in norm_specs])
+        self.norm_updates = ParameterTuple([Parameter(Tensor(0, ms.int32), name=f"{prefix}.{s.name}.F_updates",
+                                                      requires_grad=False) for s in norm_specs])
+        self.num_norms = len(norm_specs)
+        self.num_statistics = 2 * len(specs) + len(norm_specs)
         self.has_inverse = ParameterTuple([Parameter(Tensor(False), name=f"{prefix}.{s.name}.has_inverse",
                                                      requires_grad=False) for s in specs])
         self.factor_faults = Parameter(Tensor(0, ms.int32), name=f"{prefix}.factor_faults", requires_grad=False)
@@ -203,13 +250,21 @@ class NGDOptimizer(nn.Optimizer):
         self.num_layers = len(specs)
         self.num_params = len(params)
 
+        # MCFisherTrainStep sets this (Python side) before the training graph compiles
+        self.mc_driver = False
         attach(cells, list(self.captures))
+        attach(norm_cells, list(self.norm_captures))
         if verbose:
-            plain = [p.name for i, p in enumerate(self._parameters) if self._roles[i][0] < 0]
+            plain = [p.name for i, p in enumerate(self._parameters)
+                     if self._roles[i][0] < 0 and self._norm_roles[i][0] < 0]
+            if norm_specs:
+                skipped_norms = f"; unit-wise BatchNorm: {', '.join(s.name for s in norm_specs)}"
+            else:
+                skipped_norms = ""
             skipped_text = "; not preconditioned: " + ", ".join(f"{n} ({r})" for n, r in skipped) if skipped else ""
             logger.info("%s: preconditioning %d layers [%s]; plain momentum update for %d parameters [%s]%s",
                         type(self).__name__, len(specs), ", ".join(s.name for s in specs), len(plain),
-                        ", ".join(plain), skipped_text)
+                        ", ".join(plain), skipped_text + skipped_norms)
 
     # ------------------------------------------------------------------ refresh policy hooks
     def _capture_next(self, next_step):
@@ -218,14 +273,20 @@ class NGDOptimizer(nn.Optimizer):
         for capture in self.captures:
             ops.assign(capture.capture_a, due)
             ops.assign(capture.capture_g, due)
+        for capture in self.norm_captures:
+            ops.assign(capture.capture_f, due)
         return due
 
     def _fold_masks(self, factor_state):
-        """Per layer (take A?, take G?): which captured batch statistics enter the averages."""
+        """Which captured batch statistics enter the averages: per layer (take A?, take G?) and per
+        unit-wise BatchNorm layer (take F?)."""
         masks = ()
         for capture in self.captures:
             masks += ((capture.capture_a, capture.capture_g),)
-        return masks
+        norm_masks = ()
+        for capture in self.norm_captures:
+            norm_masks += (capture.capture_f,)
+        return masks, norm_masks
 
     def _inverse_due(self, step, refreshed):
         """Whether this step recomputes inverses (``refreshed``: per-layer 'a factor changed')."""
@@ -235,8 +296,14 @@ class NGDOptimizer(nn.Optimizer):
         """Per-layer mask of the layers whose inverses are recomputed when due; None means all."""
         return None
 
-    def _after_step(self, step, refreshed):
-        """Policy state updates at the end of a step (main graph); nothing for K-FAC."""
+    def _after_step(self, step, refreshed, changes):
+        """Policy state updates at the end of a step (main graph); nothing for K-FAC.
+
+        ``changes``: with ``policy.track_changes``, a float vector over the statistics (A of every
+        layer, G of every layer, F of every unit-wise BatchNorm layer, in that order) holding the
+        relative change ``|X_new - X_old|_F / |X_old|_F`` of each statistic taken this step, +inf
+        for its first capture and -1 for a statistic not taken.
+        """
         return step
 
     # ------------------------------------------------------------------ pipeline stages
@@ -250,12 +317,32 @@ class NGDOptimizer(nn.Optimizer):
     # the first step would silently not reach the graph (measured; see tests/test_optimizer.py).
 
     def _factor_state(self):
-        """(A factors, G factors, A update counts, G update counts, fault count) as stored."""
-        return (tuple(self.a_factors), tuple(self.g_factors), tuple(self.a_updates), tuple(self.g_updates),
-                self.factor_faults)
+        """(A factors, G factors, A update counts, G update counts, fault count, BatchNorm Fishers,
+        BatchNorm update counts; only with unit-wise BatchNorm layers) as stored.
+
+        No empty tuples: MindSpore 2.10 miscounts the outputs of a run-time branch that returns one."""
+        state = (tuple(self.a_factors), tuple(self.g_factors), tuple(self.a_updates), tuple(self.g_updates),
+                 self.factor_faults)
+        if self.num_norms:
+            state += (tuple(self.norm_factors), tuple(self.norm_updates))
+        return state
+
+    def _no_changes(self):
+        size = self.num_statistics if self.policy.track_changes else 1
+        return -ops.ones((size,), ms.float32)
+
+    @staticmethod
+    def _relative_change(new, old, take):
+        """``|new - old|_F / |old|_F`` if taken (+inf when old is zero: a first capture), else -1."""
+        old_norm = (old * old).sum()
+        diff = new - old
+        has_old = old_norm > 0
+        change = ops.sqrt((diff * diff).sum() / ops.select(has_old, old_norm, ops.ones_like(old_norm)))
+        change = ops.select(has_old, change, ops.fill(ms.float32, (), float("inf")))
+        return ops.select(take, change, -ops.ones_like(change))
 
     def _fold(self, average, updates, batch, captured):
-        """Moving average of one statistic: (new average, new update count, 1 if rejected)."""
+        """Moving average of one statistic: (new average, new update count, 1 if rejected, change)."""
         batch = self._reduce_factor(batch)
         finite = ops.isfinite(batch).all()
         take = ops.logical_and(captured, finite)
@@ -264,25 +351,42 @@ class NGDOptimizer(nn.Optimizer):
         blended = ops.select(ops.broadcast_to(updates == 0, average.shape), batch, blended)
         new = ops.select(ops.broadcast_to(take, average.shape), blended, average)
         rejected = ops.cast(ops.logical_and(captured, ops.logical_not(finite)), ms.int32)
-        return new, updates + ops.cast(take, ms.int32), rejected
+        change = self._relative_change(new, average, take) if self.policy.track_changes else None
+        return new, updates + ops.cast(take, ms.int32), rejected, change
 
     def _folded_state(self, state):
-        """(new factor state, per-layer flag 'A or G of this layer was updated')."""
-        a_factors, g_factors, a_updates, g_updates, faults = state
-        masks = self._fold_masks(state)
+        """(new factor state, per-layer flag 'A or G of this layer was updated', changes)."""
+        a_factors, g_factors, a_updates, g_updates, faults = state[:5]
+        masks, norm_masks = self._fold_masks(state)
         new_a, new_g, new_au, new_gu, refreshed = (), (), (), (), ()
+        a_changes, g_changes, f_changes = (), (), ()
         for k in range(self.num_layers):
             capture = self.captures[k]
             take_a, take_g = masks[k]
-            a, au, a_bad = self._fold(a_factors[k], a_updates[k], capture.a_batch, take_a)
-            g, gu, g_bad = self._fold(g_factors[k], g_updates[k], capture.g_batch, take_g)
+            a, au, a_bad, a_change = self._fold(a_factors[k], a_updates[k], capture.a_batch, take_a)
+            g, gu, g_bad, g_change = self._fold(g_factors[k], g_updates[k], capture.g_batch, take_g)
             new_a += (a,)
             new_g += (g,)
             new_au += (au,)
             new_gu += (gu,)
+            a_changes += (a_change,)
+            g_changes += (g_change,)
             refreshed += (ops.logical_or(au > a_updates[k], gu > g_updates[k]),)
             faults = faults + a_bad + g_bad
-        return (new_a, new_g, new_au, new_gu, faults), refreshed
+        new_norms = ()
+        if self.num_norms:
+            norm_factors, norm_updates = state[5], state[6]
+            new_f, new_fu = (), ()
+            for j in range(self.num_norms):
+                f, fu, f_bad, f_change = self._fold(norm_factors[j], norm_updates[j],
+                                                    self.norm_captures[j].f_batch, norm_masks[j])
+                new_f += (f,)
+                new_fu += (fu,)
+                f_changes += (f_change,)
+                faults = faults + f_bad
+            new_norms = (new_f, new_fu)
+        changes = ops.stack(a_changes + g_changes + f_changes) if self.policy.track_changes else self._no_changes()
+        return (new_a, new_g, new_au, new_gu, faults) + new_norms, refreshed, changes
 
     def _nothing_refreshed(self):
         flags = ()
@@ -291,12 +395,15 @@ class NGDOptimizer(nn.Optimizer):
         return flags
 
     def _store_factor_state(self, state):
-        a_factors, g_factors, a_updates, g_updates, faults = state
+        a_factors, g_factors, a_updates, g_updates, faults = state[:5]
         for k in range(self.num_layers):
             ops.assign(self.a_factors[k], a_factors[k])
             ops.assign(self.g_factors[k], g_factors[k])
             ops.assign(self.a_updates[k], a_updates[k])
             ops.assign(self.g_updates[k], g_updates[k])
+        for j in range(self.num_norms):
+            ops.assign(self.norm_factors[j], state[5][j])
+            ops.assign(self.norm_updates[j], state[6][j])
         ops.assign(self.factor_faults, faults)
 
     def _any_captured(self):
@@ -304,6 +411,8 @@ class NGDOptimizer(nn.Optimizer):
         flags = ()
         for capture in self.captures:
             flags += (capture.capture_a, capture.capture_g)
+        for capture in self.norm_captures:
+            flags += (capture.capture_f,)
         return ops.stack(flags).any()
 
     def _inverse_state(self):
@@ -321,7 +430,7 @@ class NGDOptimizer(nn.Optimizer):
 
     def _refreshed_state(self, state, factor_state, damping, layers):
         a_inverses, g_inverses, has_inverse, faults, refreshes = state
-        a_factors, g_factors, a_updates, g_updates, _ = factor_state
+        a_factors, g_factors, a_updates, g_updates = factor_state[:4]
         policy = self.policy
         new_a, new_g, new_has = (), (), ()
         for k in range(self.num_layers):
@@ -365,8 +474,23 @@ class NGDOptimizer(nn.Optimizer):
         left = ops.matmul(g_inv, matrix) if g_layout.count == 1 else blk.apply_left(g_inv, matrix, g_layout)
         return ops.matmul(left, a_inv) if a_layout.count == 1 else blk.apply_right(left, a_inv, a_layout)
 
-    def _precondition(self, gradients, lr, inverse_state):
-        """Preconditioned gradient matrices of all layers, KL-clipped."""
+    def _precondition_norms(self, gradients, factor_state):
+        """Unit-wise natural gradients (gamma, beta) of the BatchNorm layers, float32.
+
+        A layer whose Fisher was never captured keeps its plain gradient."""
+        pairs = ()
+        for j in range(self.num_norms):
+            norm_factors, norm_updates = factor_state[5], factor_state[6]
+            grad_gamma = ops.cast(gradients[self._gamma_index[j]], ms.float32)
+            grad_beta = ops.cast(gradients[self._beta_index[j]], ms.float32)
+            pre_gamma, pre_beta = fac.unit_natural_gradient(norm_factors[j], grad_gamma, grad_beta,
+                                                            self.policy.batchnorm_damping)
+            known = ops.broadcast_to(norm_updates[j] > 0, grad_gamma.shape)
+            pairs += ((ops.select(known, pre_gamma, grad_gamma), ops.select(known, pre_beta, grad_beta)),)
+        return pairs
+
+    def _precondition(self, gradients, lr, inverse_state, factor_state):
+        """Preconditioned gradient matrices of all layers and BatchNorm (gamma, beta) pairs, KL-clipped."""
         # No select on has_inverse: until a layer's first accepted refresh its inverses are still the
         # identity they were initialised to (a refresh that is not taken keeps the old value), and
         # I @ dW @ I == dW exactly for a finite dW (a non-finite step is discarded anyway).
@@ -378,6 +502,11 @@ class NGDOptimizer(nn.Optimizer):
             pre = self._apply_inverses(g_inverses[k], matrix, a_inverses[k], k)
             dots += ((pre * matrix).sum(),)
             matrices += (pre,)
+        pairs = self._precondition_norms(gradients, factor_state)
+        for j in range(self.num_norms):
+            grad_gamma = ops.cast(gradients[self._gamma_index[j]], ms.float32)
+            grad_beta = ops.cast(gradients[self._beta_index[j]], ms.float32)
+            dots += ((pairs[j][0] * grad_gamma).sum() + (pairs[j][1] * grad_beta).sum(),)
         if self.kl_clip is not None:
             vg = ops.addn(dots) * lr * lr
             usable = ops.logical_and(vg > 0, ops.isfinite(vg))
@@ -387,14 +516,22 @@ class NGDOptimizer(nn.Optimizer):
             for pre in matrices:
                 scaled += (pre * nu,)
             matrices = scaled
-        return matrices
+            scaled_pairs = ()
+            for pair in pairs:
+                scaled_pairs += ((pair[0] * nu, pair[1] * nu),)
+            pairs = scaled_pairs
+        return matrices, pairs
 
-    def _assemble(self, gradients, matrices):
+    def _assemble(self, gradients, preconditioned):
         """Gradient tuple with each preconditioned layer's weight/bias replaced, dtypes kept."""
+        matrices, pairs = preconditioned
         out = ()
         for i in range(self.num_params):
             layer, is_bias = self._roles[i]
+            norm, which = self._norm_roles[i]
             grad = gradients[i]
+            if norm >= 0:
+                grad = ops.cast(pairs[norm][which].reshape(grad.shape), grad.dtype)
             if layer >= 0:
                 matrix = matrices[layer]
                 columns = matrix.shape[1]
@@ -417,6 +554,10 @@ class NGDOptimizer(nn.Optimizer):
         return ops.isfinite(ops.concat(flat)).all()
 
     def construct(self, gradients):
+        if self.policy.fisher == "mc" and not self.mc_driver:
+            raise RuntimeError("fisher='mc' needs the Monte-Carlo training step: train with "
+                               "Model(mindspore_ngd.MCFisherTrainStep(network, loss_fn, optimizer)) "
+                               "instead of Model(network, loss_fn, optimizer)")
         gradients = self.flatten_gradients(gradients)
         gradients = self.scale_grad(gradients)
         lr = self.get_lr()
@@ -425,20 +566,24 @@ class NGDOptimizer(nn.Optimizer):
 
         factor_state = self._factor_state()
         refreshed = self._nothing_refreshed()
+        changes = self._no_changes()
         if self._any_captured():
-            factor_state, refreshed = self._folded_state(factor_state)
+            factor_state, refreshed, changes = self._folded_state(factor_state)
         self._store_factor_state(factor_state)
         damping = self.damping(self.global_step)          # read in the main graph (see above)
+        if self.policy.damping_floor > 0:
+            damping = ops.maximum(damping, self.policy.damping_floor)
         inverse_state = self._inverse_state()
         if self._inverse_due(step, refreshed):
             inverse_state = self._refreshed_state(inverse_state, factor_state, damping,
                                                   self._inverse_layers(step, refreshed))
         self._store_inverse_state(inverse_state)
-        gradients = self._assemble(gradients, self._precondition(gradients, lr, inverse_state))
+        gradients = self._assemble(gradients, self._precondition(gradients, lr, inverse_state, factor_state))
 
         # a non-finite gradient leaves weights and moments untouched: lr 0, momentum 1, gradient 0
         lr_eff = ops.select(finite, ops.cast(lr, ms.float32), ops.zeros((), ms.float32))
-        momentum_eff = ops.select(finite, self.momentum, ops.ones((), ms.float32))
+        momentum = self.momentum if self.momentum_schedule is None else self.momentum_schedule(self.global_step)
+        momentum_eff = ops.select(finite, momentum, ops.ones((), ms.float32))
         success = ()
         for i in range(self.num_params):
             param = self._parameters[i]
@@ -453,7 +598,7 @@ class NGDOptimizer(nn.Optimizer):
             success += (self.apply_momentum(param, self.moments[i], ops.cast(lr_eff, param.dtype), grad,
                                             ops.cast(momentum_eff, param.dtype)),)
         ops.assign_add(self.skipped_steps, ops.cast(ops.logical_not(finite), ms.int32))
-        step = self._after_step(step, refreshed)
+        step = self._after_step(step, refreshed, changes)
         self._capture_next(step + 1)
         ops.assign_add(self.global_step, self.global_step_increase_tensor)
         return success

@@ -126,7 +126,7 @@ class THOR(NGDOptimizer):
             ops.assign(capture.trace_g, due)
         return due
 
-    def _after_step(self, step, refreshed):
+    def _after_step(self, step, refreshed, changes):
         captured = step >= self.next_refresh
         interval = self.interval
         grown = ops.ceil(ops.cast(interval, ms.float32) * self._growth - 1e-6)

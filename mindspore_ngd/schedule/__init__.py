@@ -12,7 +12,7 @@ from mindspore import nn, ops, Parameter, Tensor
 
 from .. import _validate
 
-__all__ = ["as_schedule", "check_positive_schedule", "ConstantSchedule", "PerStepSchedule"]
+__all__ = ["as_schedule", "as_unit_schedule", "check_positive_schedule", "ConstantSchedule", "PerStepSchedule"]
 
 
 class ConstantSchedule(nn.Cell):
@@ -88,4 +88,21 @@ def as_schedule(value, name):
     values = _sequence_values(value)
     if values.ndim == 0:
         return ConstantSchedule(float(values), name)
+    return PerStepSchedule(values, name)
+
+
+def as_unit_schedule(value, name, label):
+    """Like :func:`as_schedule` for a per-step sequence or Cell whose values lie in [0, 1] (momentum)."""
+    if isinstance(value, nn.Cell):
+        return _CellSchedule(value)
+    if not isinstance(value, (list, tuple, np.ndarray, Tensor)):
+        raise TypeError(f"{label} must be a float in [0, 1], a per-step list/array/Tensor or a "
+                        f"LearningRateSchedule cell, got {type(value).__name__}")
+    values = _sequence_values(value)
+    if values.ndim != 1 or values.size == 0 or not np.issubdtype(values.dtype, np.number):
+        raise ValueError(f"{label} as a sequence must be a non-empty 1-D list/array/Tensor of numbers, "
+                         f"got shape {values.shape}")
+    if not np.all(np.isfinite(values)) or np.any(values < 0) or np.any(values > 1):
+        raise ValueError(f"every value of {label} must be in [0, 1], got min {np.min(values)!r}, "
+                         f"max {np.max(values)!r}")
     return PerStepSchedule(values, name)
