@@ -1,11 +1,13 @@
 """mindspore_ngd: natural-gradient optimizers (K-FAC family) for MindSpore."""
 import logging as _logging
 
-from .optim import KFAC, THOR, NGDOptimizer, Policy, default_decay_filter
+from .optim import KFAC, SPNGD, THOR, NGDOptimizer, Policy, default_decay_filter
 from .inspect import kronecker_factors
+from .train import MCFisherTrainStep, RefreshMonitor
 
 __version__ = "0.1.0"
-__all__ = ["KFAC", "THOR", "NGDOptimizer", "Policy", "default_decay_filter", "kronecker_factors", "__version__"]
+__all__ = ["KFAC", "SPNGD", "THOR", "NGDOptimizer", "Policy", "default_decay_filter", "kronecker_factors",
+           "MCFisherTrainStep", "RefreshMonitor", "__version__"]
 
 _logger = _logging.getLogger("mindspore_ngd")
 if not _logger.handlers:

@@ -31,9 +31,11 @@ def first_reaching(rows, target):
 class _EpochLog(Callback):
     """Collects per-epoch wall time, full training-set loss and test accuracy."""
 
-    def __init__(self, net, train, test, verbose, label):
+    def __init__(self, net, train, test, verbose, label, optimizer=None):
         super().__init__()
         self.net = net
+        self.optimizer = optimizer
+        self.counted = (0, 0)
         self.train, self.test = train, test
         self.verbose, self.label = verbose, label
         self.rows, self.start, self.eval_time = [], None, 0.0
@@ -55,25 +57,49 @@ class _EpochLog(Callback):
         self.eval_time += time.perf_counter() - t_eval
         elapsed = time.perf_counter() - self.start - self.eval_time
         epoch = run_context.original_args().cur_epoch_num
-        self.rows.append({"epoch": epoch, "train_loss": loss, "test_acc": acc, "seconds": elapsed})
+        row = {"epoch": epoch, "train_loss": loss, "test_acc": acc, "seconds": elapsed}
+        if hasattr(self.optimizer, "refresh_state"):        # SP-NGD: fraction of statistics recomputed
+            counters = self.optimizer.state_counters()
+            done = (counters["step"], counters["statistic_refreshes"])
+            row["refresh_ratio"] = (done[1] - self.counted[1]) / max(
+                (done[0] - self.counted[0]) * len(self.optimizer.statistic_names), 1)
+            self.counted = done
+        self.rows.append(row)
         if self.verbose:
             print(f"  {self.label:8s} epoch {epoch:3d}  train loss {loss:.4f}  test acc {acc:.4f}  "
                   f"time {elapsed:6.1f} s", flush=True)
 
 
-def train_digits(optimizer="kfac", epochs=10, lr=0.05, batch_size=64, seed=0, verbose=True, sink=False,
-                 **kfac_kwargs):
-    """Train the digits CNN with "kfac", "thor" or "momentum"; return the per-epoch rows.
+NETWORKS = ("cnn", "cnn-bn", "resnet8")
+OPTIMIZERS = ("momentum", "kfac", "spngd", "thor")
 
-    ``kfac_kwargs`` override the second-order optimizer's arguments.
+
+def digits_network(name):
+    """The digits networks: "cnn" (no BatchNorm), "cnn-bn" (BatchNorm after each convolution) and
+    "resnet8" (a CIFAR-style ResNet with one basic block per stage, width 16, on 8x8x1 images)."""
+    from .benchmarks.models import DigitsCNN, ResNetCifar
+    if name == "cnn":
+        return DigitsCNN()
+    if name == "cnn-bn":
+        return DigitsCNN(batchnorm=True)
+    if name == "resnet8":
+        return ResNetCifar(blocks_per_stage=1, width=16, num_classes=10, in_channels=1)
+    raise ValueError(f"network must be one of {NETWORKS}, got {name!r}")
+
+
+def train_digits(optimizer="kfac", epochs=10, lr=0.05, batch_size=64, seed=0, verbose=True, sink=False,
+                 network="cnn", **kfac_kwargs):
+    """Train a digits network with "momentum", "kfac", "spngd" or "thor"; return the per-epoch rows.
+
+    ``kfac_kwargs`` override the second-order optimizer's arguments. SP-NGD rows also carry the
+    epoch's refresh ratio (statistics recomputed per step / number of statistics).
     """
     from .benchmarks.data import array_dataset, digits_arrays
-    from .benchmarks.models import DigitsCNN
     from . import KFAC
 
     x_train, y_train, x_test, y_test = digits_arrays()
     ms.set_seed(seed)
-    net = DigitsCNN()
+    net = digits_network(network)
     loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
     if optimizer == "kfac":
         kwargs = dict(damping=1e-2, momentum=0.9, kl_clip=1e-3, inverse_update_interval=20, verbose=verbose)
@@ -85,12 +111,17 @@ def train_digits(optimizer="kfac", epochs=10, lr=0.05, batch_size=64, seed=0, ve
                       kl_clip=1e-3, verbose=verbose)
         kwargs.update(kfac_kwargs)
         opt = THOR(net, learning_rate=lr, **kwargs)
+    elif optimizer == "spngd":
+        from . import SPNGD
+        kwargs = dict(damping=1e-2, momentum=0.9, kl_clip=1e-3, verbose=verbose)
+        kwargs.update(kfac_kwargs)
+        opt = SPNGD(net, learning_rate=lr, **kwargs)
     elif optimizer == "momentum":
         opt = nn.Momentum(net.trainable_params(), learning_rate=lr, momentum=0.9)
     else:
-        raise ValueError(f"optimizer must be 'kfac', 'thor' or 'momentum', got {optimizer!r}")
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     model = Model(net, loss_fn, opt)
-    log = _EpochLog(net, (x_train, y_train), (x_test, y_test), verbose, optimizer)
+    log = _EpochLog(net, (x_train, y_train), (x_test, y_test), verbose, optimizer, opt)
     model.train(epochs, array_dataset(x_train, y_train, batch_size, seed=seed), callbacks=[log],
                 dataset_sink_mode=sink)
     return log.rows

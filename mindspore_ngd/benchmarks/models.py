@@ -5,12 +5,16 @@ __all__ = ["DigitsCNN", "ResNetCifar", "resnet20"]
 
 
 class DigitsCNN(nn.Cell):
-    """conv3x3(1->16)-ReLU-conv3x3(16->32)-ReLU-maxpool2-Dense(512->64)-ReLU-Dense(64->10), 8x8 input."""
+    """conv3x3(1->16)-ReLU-conv3x3(16->32)-ReLU-maxpool2-Dense(512->64)-ReLU-Dense(64->10), 8x8 input.
 
-    def __init__(self, num_classes=10):
+    ``batchnorm=True`` puts a BatchNorm2d after each convolution (whose bias is then dropped)."""
+
+    def __init__(self, num_classes=10, batchnorm=False):
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 3, pad_mode="same", has_bias=True)
-        self.conv2 = nn.Conv2d(16, 32, 3, pad_mode="same", has_bias=True)
+        self.conv1 = nn.Conv2d(1, 16, 3, pad_mode="same", has_bias=not batchnorm)
+        self.conv2 = nn.Conv2d(16, 32, 3, pad_mode="same", has_bias=not batchnorm)
+        self.bn1 = nn.BatchNorm2d(16) if batchnorm else nn.Identity()
+        self.bn2 = nn.BatchNorm2d(32) if batchnorm else nn.Identity()
         self.relu = nn.ReLU()
         self.pool = nn.MaxPool2d(2, 2)
         self.flatten = nn.Flatten()
@@ -18,8 +22,8 @@ class DigitsCNN(nn.Cell):
         self.fc2 = nn.Dense(64, num_classes)
 
     def construct(self, x):
-        x = self.relu(self.conv1(x))
-        x = self.pool(self.relu(self.conv2(x)))
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.pool(self.relu(self.bn2(self.conv2(x))))
         x = self.relu(self.fc1(self.flatten(x)))
         return self.fc2(x)
 

@@ -42,6 +42,9 @@ class KFAC(NGDOptimizer):
         decay_filter (callable): ``Parameter -> bool`` choosing weight-decayed parameters; default
             excludes parameters with fewer than two dimensions (biases, BatchNorm gamma/beta).
         skip_layers (iterable of str): cell names to leave un-preconditioned.
+        fisher (str): "empirical" (G from the training labels, default) or "mc" (G from labels sampled
+            from the model's predictive distribution; train with
+            :class:`mindspore_ngd.MCFisherTrainStep`).
         verbose (bool): log the preconditioned / plain layers on the "mindspore_ngd" logger.
 
     Inputs:
@@ -64,10 +67,10 @@ class KFAC(NGDOptimizer):
     def __init__(self, network, learning_rate, damping=1e-3, momentum=0.9, weight_decay=0.0,
                  factor_decay=0.95, factor_update_interval=1, inverse_update_interval=20,
                  damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="cholesky",
-                 jitter=1e-6, nesterov=False, decay_filter=None, skip_layers=(), verbose=True):
+                 jitter=1e-6, nesterov=False, decay_filter=None, skip_layers=(), fisher="empirical", verbose=True):
         policy = Policy(name="kfac", factor_update_interval=factor_update_interval,
                         inverse_update_interval=inverse_update_interval, damping_split=damping_split,
-                        inverse_method=inverse_method, kl_clip=kl_clip, jitter=jitter)
+                        inverse_method=inverse_method, kl_clip=kl_clip, jitter=jitter, fisher=fisher)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=nesterov, decay_filter=decay_filter,

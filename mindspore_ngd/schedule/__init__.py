@@ -12,7 +12,8 @@ from mindspore import nn, ops, Parameter, Tensor
 
 from .. import _validate
 
-__all__ = ["as_schedule", "as_unit_schedule", "check_positive_schedule", "ConstantSchedule", "PerStepSchedule"]
+__all__ = ["as_schedule", "as_unit_schedule", "check_positive_schedule", "ConstantSchedule", "PerStepSchedule",
+           "polynomial_lr", "rescaled_momentum"]
 
 
 class ConstantSchedule(nn.Cell):
@@ -106,3 +107,6 @@ def as_unit_schedule(value, name, label):
         raise ValueError(f"every value of {label} must be in [0, 1], got min {np.min(values)!r}, "
                          f"max {np.max(values)!r}")
     return PerStepSchedule(values, name)
+
+
+from .spngd import polynomial_lr, rescaled_momentum  # noqa: E402  (uses _validate only)

@@ -1,0 +1,48 @@
+"""Callbacks that report what a natural-gradient optimizer did during training."""
+import logging
+
+from mindspore.train import Callback
+
+__all__ = ["RefreshMonitor"]
+
+logger = logging.getLogger("mindspore_ngd")
+
+
+class RefreshMonitor(Callback):
+    """Logs, per epoch, the fraction of statistics an SP-NGD optimizer recomputed per step.
+
+    ``ratio = (refreshes during the epoch) / (steps in the epoch * number of statistics)``; 1 means
+    every statistic every step (K-FAC with interval 1). The per-epoch values are kept in
+    :attr:`history` as ``(epoch, steps, ratio)``.
+
+    Args:
+        optimizer: an optimizer with ``refresh_state()`` (:class:`mindspore_ngd.SPNGD`).
+        verbose (bool): log one line per epoch on the "mindspore_ngd" logger.
+    """
+
+    def __init__(self, optimizer, verbose=True):
+        super().__init__()
+        if not hasattr(optimizer, "refresh_state"):
+            raise TypeError(f"RefreshMonitor needs an optimizer with refresh_state() (SPNGD), "
+                            f"got {type(optimizer).__name__}")
+        self.optimizer = optimizer
+        self.verbose = verbose
+        self.history = []
+        self._start = None
+
+    def _totals(self):
+        counters = self.optimizer.state_counters()
+        return counters["step"], counters["statistic_refreshes"]
+
+    def on_train_epoch_begin(self, run_context):
+        self._start = self._totals()
+
+    def on_train_epoch_end(self, run_context):
+        step, refreshes = self._totals()
+        steps = step - self._start[0]
+        count = len(self.optimizer.statistic_names)
+        ratio = (refreshes - self._start[1]) / float(max(steps, 1) * count)
+        epoch = run_context.original_args().cur_epoch_num
+        self.history.append((epoch, steps, ratio))
+        if self.verbose:
+            logger.info("epoch %d: %d steps, refresh ratio %.3f (%d statistics)", epoch, steps, ratio, count)
