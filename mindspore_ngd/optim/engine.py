@@ -252,6 +252,8 @@ class NGDOptimizer(nn.Optimizer):
 
         # MCFisherTrainStep sets this (Python side) before the training graph compiles
         self.mc_driver = False
+        # policies whose layers refresh at different steps invert layer by layer (see _refreshed_per_layer)
+        self.per_layer_inverses = False
         attach(cells, list(self.captures))
         attach(norm_cells, list(self.norm_captures))
         if verbose:
@@ -428,27 +430,61 @@ class NGDOptimizer(nn.Optimizer):
         return blk.blocked_damped_inverse(blk.to_blocks(factor, layout), shift, policy.inverse_method,
                                           blk.trace_jitter(factor, policy.jitter))
 
+    def _refreshed_layer(self, k, a_factor, g_factor, ready, damping, a_inverse, g_inverse):
+        """New (A inverse, G inverse, taken, fault) of layer k; the old inverses unless it is ready
+        and every check passes."""
+        policy = self.policy
+        a_safe, a_valid = inv_ops.sanitize(a_factor)
+        g_safe, g_valid = inv_ops.sanitize(g_factor)
+        a_shift, g_shift = inv_ops.split_damping(a_safe, g_safe, damping, policy.damping_split)
+        a_inv, a_ok = self._invert(a_safe, a_shift, self._a_layouts[k])
+        g_inv, g_ok = self._invert(g_safe, g_shift, self._g_layouts[k])
+        ok = ops.logical_and(ops.logical_and(a_valid, g_valid), ops.logical_and(a_ok, g_ok))
+        take = ops.logical_and(ok, ready)
+        new_a = ops.select(ops.broadcast_to(take, a_inv.shape), a_inv, a_inverse)
+        new_g = ops.select(ops.broadcast_to(take, g_inv.shape), g_inv, g_inverse)
+        fault = ops.cast(ops.logical_and(ready, ops.logical_not(ok)), ms.int32)
+        return new_a, new_g, take, fault
+
+    def _layer_ready(self, factor_state, layers, k):
+        ready = ops.logical_and(factor_state[2][k] > 0, factor_state[3][k] > 0)
+        if layers is not None:
+            ready = ops.logical_and(ready, layers[k])
+        return ready
+
     def _refreshed_state(self, state, factor_state, damping, layers):
         a_inverses, g_inverses, has_inverse, faults, refreshes = state
-        a_factors, g_factors, a_updates, g_updates = factor_state[:4]
-        policy = self.policy
+        a_factors, g_factors = factor_state[:2]
         new_a, new_g, new_has = (), (), ()
         for k in range(self.num_layers):
-            a_safe, a_valid = inv_ops.sanitize(a_factors[k])
-            g_safe, g_valid = inv_ops.sanitize(g_factors[k])
-            a_shift, g_shift = inv_ops.split_damping(a_safe, g_safe, damping, policy.damping_split)
-            a_inv, a_ok = self._invert(a_safe, a_shift, self._a_layouts[k])
-            g_inv, g_ok = self._invert(g_safe, g_shift, self._g_layouts[k])
-            ready = ops.logical_and(a_updates[k] > 0, g_updates[k] > 0)
-            if layers is not None:
-                ready = ops.logical_and(ready, layers[k])
-            ok = ops.logical_and(ops.logical_and(a_valid, g_valid), ops.logical_and(a_ok, g_ok))
-            take = ops.logical_and(ok, ready)
-            new_a += (ops.select(ops.broadcast_to(take, a_inv.shape), a_inv, a_inverses[k]),)
-            new_g += (ops.select(ops.broadcast_to(take, g_inv.shape), g_inv, g_inverses[k]),)
+            a_inv, g_inv, take, fault = self._refreshed_layer(k, a_factors[k], g_factors[k],
+                                                              self._layer_ready(factor_state, layers, k),
+                                                              damping, a_inverses[k], g_inverses[k])
+            new_a += (a_inv,)
+            new_g += (g_inv,)
             new_has += (ops.logical_or(has_inverse[k], take),)
-            faults = faults + ops.cast(ops.logical_and(ready, ops.logical_not(ok)), ms.int32)
+            faults = faults + fault
         return new_a, new_g, new_has, faults, refreshes + 1
+
+    def _refreshed_per_layer(self, state, factor_state, damping, layers):
+        """Like :meth:`_refreshed_state`, but each layer's inversion is its own single-level run-time
+        branch, so a step that refreshes one layer's statistics inverts only that layer (SP-NGD,
+        THOR's trace rule). Costs one branch dispatch per layer per step."""
+        a_inverses, g_inverses, has_inverse, faults, refreshes = state
+        a_factors, g_factors = factor_state[:2]
+        new_a, new_g, new_has = (), (), ()
+        for k in range(self.num_layers):
+            a_inv, g_inv = a_inverses[k], g_inverses[k]
+            take, fault = ops.zeros((), ms.bool_), ops.zeros((), ms.int32)
+            ready = self._layer_ready(factor_state, layers, k)
+            if ready:
+                a_inv, g_inv, take, fault = self._refreshed_layer(k, a_factors[k], g_factors[k], ready, damping,
+                                                                  a_inv, g_inv)
+            new_a += (a_inv,)
+            new_g += (g_inv,)
+            new_has += (ops.logical_or(has_inverse[k], take),)
+            faults = faults + fault
+        return new_a, new_g, new_has, faults, refreshes + ops.cast(ops.stack(layers).any(), ms.int32)
 
     def _store_inverse_state(self, state):
         a_inverses, g_inverses, has_inverse, faults, refreshes = state
@@ -574,7 +610,10 @@ class NGDOptimizer(nn.Optimizer):
         if self.policy.damping_floor > 0:
             damping = ops.maximum(damping, self.policy.damping_floor)
         inverse_state = self._inverse_state()
-        if self._inverse_due(step, refreshed):
+        if self.per_layer_inverses:
+            inverse_state = self._refreshed_per_layer(inverse_state, factor_state, damping,
+                                                      self._inverse_layers(step, refreshed))
+        elif self._inverse_due(step, refreshed):
             inverse_state = self._refreshed_state(inverse_state, factor_state, damping,
                                                   self._inverse_layers(step, refreshed))
         self._store_inverse_state(inverse_state)

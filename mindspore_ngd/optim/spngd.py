@@ -104,6 +104,8 @@ class SPNGD(NGDOptimizer):
         self.next_refresh = Parameter(Tensor(np.zeros(count, np.int32)), name="spngd.next_refresh",
                                       requires_grad=False)
         self.refreshes = Parameter(Tensor(np.zeros(count, np.int32)), name="spngd.refreshes", requires_grad=False)
+        # statistics refresh at their own steps: invert only the layers whose statistics were refreshed
+        self.per_layer_inverses = stale
         self.statistic_names = tuple([f"{s.name}.A" for s in self.layer_specs]
                                      + [f"{s.name}.G" for s in self.layer_specs]
                                      + [f"{s.name}.F" for s in self.norm_specs])

@@ -94,6 +94,8 @@ class THOR(NGDOptimizer):
         self.layer_refreshes = Parameter(Tensor(np.zeros(self.num_layers, np.int32)),
                                          name="thor.layer_refreshes", requires_grad=False)
         if self._trace_threshold is not None:
+            # the trace rule refreshes a subset of layers: invert only those
+            self.per_layer_inverses = True
             for capture in self.captures:
                 capture.enable_traces()
 
