@@ -1,5 +1,6 @@
 """K-FAC in stock mindspore.train.Model on real data (scikit-learn's digits)."""
 import numpy as np
+import pytest
 
 import mindspore as ms
 from mindspore import nn
@@ -19,9 +20,10 @@ def test_kfac_trains_faster_than_momentum_per_epoch():
     assert kfac[-1]["test_acc"] > momentum[-1]["test_acc"]
 
 
-def test_sink_mode_gives_the_same_training_as_step_mode():
-    plain = train_digits("kfac", epochs=1, verbose=False, sink=False)
-    sunk = train_digits("kfac", epochs=1, verbose=False, sink=True)
+@pytest.mark.parametrize("optimizer, network", [("kfac", "cnn"), ("spngd", "cnn-bn")])
+def test_sink_mode_gives_the_same_training_as_step_mode(optimizer, network):
+    plain = train_digits(optimizer, epochs=1, verbose=False, sink=False, network=network)
+    sunk = train_digits(optimizer, epochs=1, verbose=False, sink=True, network=network)
     assert sunk[0]["train_loss"] == plain[0]["train_loss"]
 
 
