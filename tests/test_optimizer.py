@@ -146,17 +146,21 @@ def run(net, opt, batches):
     return {p.name: p.asnumpy().copy() for p in net.trainable_params()}
 
 
-def make(seed=0):
+def make(seed=0, kind="kfac"):
     ms.set_seed(seed)
     net = BNNet()
+    if kind == "spngd":       # stale statistics and unit-wise BatchNorm state too
+        return net, ngd.SPNGD(net, learning_rate=0.05, damping=1e-2, momentum=0.9, weight_decay=1e-3,
+                              max_interval=4, verbose=False)
     opt = ngd.KFAC(net, learning_rate=0.05, damping=1e-2, momentum=0.9, weight_decay=1e-3,
                    inverse_update_interval=2, verbose=False)
     return net, opt
 
 
-def test_checkpoint_round_trip_resumes_bit_identically(tmp_path):
+@pytest.mark.parametrize("kind", ["kfac", "spngd"])
+def test_checkpoint_round_trip_resumes_bit_identically(tmp_path, kind):
     batches = [batch(i) for i in range(6)]
-    net, opt = make()
+    net, opt = make(kind=kind)
     step = train_step(net, opt)
     for x, y in batches[:3]:
         step(x, y)
@@ -169,7 +173,7 @@ def test_checkpoint_round_trip_resumes_bit_identically(tmp_path):
 
     # load into a freshly built net/optimizer before its first step (the usual resume flow); see the
     # README for why loading into an already compiled training graph is not supported
-    net2, opt2 = make(seed=123)                                  # different initial weights
+    net2, opt2 = make(seed=123, kind=kind)                       # different initial weights
     step2 = train_step(net2, opt2)
     ms.load_param_into_net(net2, ms.load_checkpoint(net_ckpt))
     not_loaded, _ = ms.load_param_into_net(opt2, ms.load_checkpoint(opt_ckpt))
