@@ -74,7 +74,8 @@ def train(args, config):
     loss_scale = config["loss_scale"]
     manager = FixedLossScaleManager(loss_scale, drop_overflow_update=False) if loss_scale != 1.0 else None
     metrics = {"top_1_accuracy": nn.Top1CategoricalAccuracy(), "top_5_accuracy": nn.Top5CategoricalAccuracy()}
-    model = Model(network, loss_fn=loss, optimizer=optimizer, metrics=metrics, loss_scale_manager=manager)
+    model = Model(network, loss_fn=loss, optimizer=optimizer, metrics=metrics, loss_scale_manager=manager,
+                  amp_level=config["amp_level"])
 
     output_dir = os.path.abspath(config["output_dir"])
     throughput = ThroughputMonitor(config["batch_size"], group_size,

@@ -59,6 +59,7 @@ DEFAULTS = {
     # device
     "device_target": "CPU",            # CPU | GPU | Ascend
     "mode": "graph",                   # graph | pynative
+    "amp_level": "O0",                 # mixed precision of mindspore.train.Model: O0 (float32) | O1 | O2 | O3
 }
 
 NETWORK_NAMES = ("resnet50", "resnet_cifar")
@@ -122,7 +123,8 @@ def validate_top_level(config):
                               f"sections {list(OPTIMIZER_SECTIONS)}")
         config[key] = _check_type(key, value, DEFAULTS[key])
     choices = {"net": NETWORK_NAMES, "dataset": DATASETS, "device_target": DEVICES,
-               "optimizer": OPTIMIZER_SECTIONS, "mode": ("graph", "pynative")}
+               "optimizer": OPTIMIZER_SECTIONS, "mode": ("graph", "pynative"),
+               "amp_level": ("O0", "O1", "O2", "O3")}
     for key, allowed in choices.items():
         if config[key] not in allowed:
             raise ConfigError(f"config key {key!r} must be one of {list(allowed)}, got {config[key]!r}")
