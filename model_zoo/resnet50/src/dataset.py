@@ -24,7 +24,7 @@ import mindspore.dataset as ds
 from mindspore.dataset import transforms, vision
 
 __all__ = ["DatasetError", "SYNTHETIC", "resolve_paths", "create_dataset", "SyntheticImages",
-           "CIFAR_TRAIN_FILES", "CIFAR_TEST_FILES"]
+           "CIFAR_TRAIN_FILES", "CIFAR_TEST_FILES", "CIFAR_RECORD", "CIFAR_FILE_RECORDS"]
 
 SYNTHETIC = "synthetic"
 IMAGENET_MEAN = [0.485 * 255, 0.456 * 255, 0.406 * 255]
@@ -34,6 +34,7 @@ CIFAR_STD = [0.2470, 0.2435, 0.2616]
 CIFAR_TRAIN_FILES = tuple(f"data_batch_{i}.bin" for i in range(1, 6))
 CIFAR_TEST_FILES = ("test_batch.bin",)
 CIFAR_RECORD = 1 + 32 * 32 * 3          # label byte + 3 colour planes of 32x32
+CIFAR_FILE_RECORDS = 10000              # records per file (mindspore.dataset.Cifar10Dataset reads exactly these)
 IMAGE_EXTENSIONS = (".jpeg", ".jpg", ".png", ".bmp")
 
 
@@ -97,9 +98,10 @@ def _cifar_folder(path, training):
                            f"({', '.join(CIFAR_TRAIN_FILES + CIFAR_TEST_FILES)})")
     for name in needed:
         size = os.path.getsize(os.path.join(folder, name))
-        if size == 0 or size % CIFAR_RECORD:
-            raise DatasetError(f"CIFAR-10 file {os.path.join(folder, name)!r} has {size} bytes, not a multiple "
-                               f"of the {CIFAR_RECORD}-byte record (label + 32x32x3 image): malformed or truncated")
+        if size != CIFAR_RECORD * CIFAR_FILE_RECORDS:
+            raise DatasetError(f"CIFAR-10 file {os.path.join(folder, name)!r} has {size} bytes, expected "
+                               f"{CIFAR_FILE_RECORDS} records of {CIFAR_RECORD} bytes (label + 32x32x3 image) = "
+                               f"{CIFAR_RECORD * CIFAR_FILE_RECORDS}: malformed or truncated")
     return folder
 
 

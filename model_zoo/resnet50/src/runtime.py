@@ -64,15 +64,19 @@ def load_checkpoint(path, cells, skip=()):
         raise UsageError(f"checkpoint {path!r} does not exist")
     params = ms.load_checkpoint(path)
     loadable = {k: v for k, v in params.items() if k not in set(skip) and k not in ("epoch_num", "step_num")}
-    missing = []
+    missing, mismatched = [], []
     for cell in cells:
-        wanted = {p.name for p in cell.get_parameters()} - set(skip)
-        absent = sorted(wanted - set(loadable))
-        missing += absent
-        ms.load_param_into_net(cell, {k: v for k, v in loadable.items() if k in wanted})
-    if missing:
-        raise UsageError(f"checkpoint {path!r} lacks {len(missing)} parameters of this network/optimizer, e.g. "
-                         f"{missing[:5]}: was it written with the same config (net, optimizer)?")
+        wanted = {p.name: p for p in cell.get_parameters() if p.name not in set(skip)}
+        missing += sorted(set(wanted) - set(loadable))
+        mismatched += [f"{name} {tuple(loadable[name].shape)} vs {tuple(p.shape)}" for name, p in wanted.items()
+                       if name in loadable and tuple(loadable[name].shape) != tuple(p.shape)]
+    if missing or mismatched:
+        problem = (f"lacks {len(missing)} parameters of this network/optimizer, e.g. {missing[:5]}" if missing
+                   else f"has parameters of other shapes (checkpoint vs network), e.g. {mismatched[:3]}")
+        raise UsageError(f"checkpoint {path!r} {problem}: was it written with the same config (net, optimizer)?")
+    for cell in cells:
+        names = {p.name for p in cell.get_parameters()}
+        ms.load_param_into_net(cell, {k: v for k, v in loadable.items() if k in names})
     return params
 
 
