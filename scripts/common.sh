@@ -47,6 +47,23 @@ resolve_data_path() {
     fi
 }
 
+# CONFIG DATA_PATH -> the variables config and data_path (for the caller)
+read_config_and_data() {
+    # shellcheck disable=SC2034
+    config="$(resolve_config "$1")"
+    # shellcheck disable=SC2034
+    data_path="$(resolve_data_path "$2")"
+}
+
+# DEVICE_NUM CONFIG DATA_PATH (at least) -> device_num, config, data_path
+read_device_config_and_data() {
+    [[ $# -ge 3 ]] || die_usage "expected DEVICE_NUM, CONFIG and DATA_PATH, got $# argument(s)"
+    check_count DEVICE_NUM "$1"
+    # shellcheck disable=SC2034
+    device_num="$1"
+    read_config_and_data "$2" "$3"
+}
+
 check_count() {   # NAME VALUE: a positive integer
     [[ "$2" =~ ^[1-9][0-9]*$ ]] || die_usage "$1 must be a positive integer, got '$2'"
 }

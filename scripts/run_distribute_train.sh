@@ -20,13 +20,10 @@ Example: bash scripts/run_distribute_train.sh 2 cpu_smoke synthetic --optimizer 
 USAGE
 }
 
+# shellcheck source=scripts/common.sh
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/common.sh"
 wants_help "${1:-}"
-[[ $# -ge 3 ]] || die_usage "expected DEVICE_NUM, CONFIG and DATA_PATH, got $# argument(s)"
-check_count DEVICE_NUM "$1"
-device_num="$1"
-config="$(resolve_config "$2")"
-data_path="$(resolve_data_path "$3")"
+read_device_config_and_data "$@"
 shift 3
 msrun_bin="${MSRUN:-msrun}"
 [[ "${DRY_RUN:-0}" == "1" ]] || need_command "${msrun_bin}" "it comes with MindSpore >= 2.3"

@@ -18,13 +18,13 @@ Environment: DEVICE_START (default 0), LOG_DIR (default .), PYTHON (default pyth
 USAGE
 }
 
+# shellcheck source=scripts/common.sh
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/common.sh"
 wants_help "${1:-}"
 [[ $# -ge 3 ]] || die_usage "expected RANK_TABLE_FILE, CONFIG and DATA_PATH, got $# argument(s)"
 [[ -f "$1" ]] || die_usage "RANK_TABLE_FILE '$1' is not a file"
 rank_table="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
-config="$(resolve_config "$2")"
-data_path="$(resolve_data_path "$3")"
+read_config_and_data "$2" "$3"
 shift 3
 device_num="$("${PYTHON}" -c 'import json, sys
 table = json.load(open(sys.argv[1]))

@@ -17,11 +17,11 @@ Example: bash scripts/run_eval.sh cpu_smoke synthetic outputs/cpu_smoke/ckpt_0/r
 USAGE
 }
 
+# shellcheck source=scripts/common.sh
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/common.sh"
 wants_help "${1:-}"
 [[ $# -ge 3 ]] || die_usage "expected CONFIG, DATA_PATH and CHECKPOINT, got $# argument(s)"
-config="$(resolve_config "$1")"
-data_path="$(resolve_data_path "$2")"
+read_config_and_data "$1" "$2"
 [[ -f "$3" ]] || die_usage "CHECKPOINT '$3' is not a file"
 checkpoint="$3"
 shift 3

@@ -17,11 +17,11 @@ Example: bash scripts/run_standalone_train.sh cpu_smoke synthetic --optimizer kf
 USAGE
 }
 
+# shellcheck source=scripts/common.sh
 source "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/common.sh"
 wants_help "${1:-}"
 [[ $# -ge 2 ]] || die_usage "expected CONFIG and DATA_PATH, got $# argument(s)"
-config="$(resolve_config "$1")"
-data_path="$(resolve_data_path "$2")"
+read_config_and_data "$1" "$2"
 shift 2
 
 run "${PYTHON}" "${TRAIN_SCRIPT}" --config "${config}" --data_path "${data_path}" "$@"

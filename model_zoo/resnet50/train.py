@@ -28,7 +28,6 @@ def _add_arguments(parser):
 
 
 def train(args, config):
-    import mindspore as ms
     from mindspore import nn
     from mindspore.train import (CheckpointConfig, LossMonitor, Model, ModelCheckpoint, TimeMonitor,
                                  FixedLossScaleManager)

@@ -57,13 +57,15 @@ def _step_epochs(steps_per_epoch, epochs):
     return np.arange(steps_per_epoch * epochs, dtype=np.float64) / steps_per_epoch
 
 
-def _warmup_then(values, steps_per_epoch, epochs, start, peak, warmup_epochs):
-    """Replace the first ``warmup_epochs`` of ``values`` by a linear ramp ``start -> peak``."""
-    warmup = int(round(warmup_epochs * steps_per_epoch))
-    if warmup > 0:
-        i = np.arange(warmup, dtype=np.float64)
-        values[:warmup] = start + (peak - start) * i / warmup
-    return values, warmup
+def _warmup_then_decay(spe, epochs, lr_max, lr_init, lr_end, warmup_epochs, fraction):
+    """Linear warm-up ``lr_init -> lr_max`` over ``warmup_epochs`` (``lr_init + (lr_max - lr_init) i / W``),
+    then ``lr_end + (lr_max - lr_end) * fraction(p)`` with ``p = (i - W) / (T - W)`` in [0, 1)."""
+    total = spe * epochs
+    warmup = int(round(warmup_epochs * spe))
+    i = np.arange(total, dtype=np.float64)
+    ramp = lr_init + (lr_max - lr_init) * i / max(warmup, 1)
+    decay = lr_end + (lr_max - lr_end) * fraction((i - warmup) / max(total - warmup, 1))
+    return np.where(i < warmup, ramp, decay)
 
 
 def _constant(spe, epochs, lr_init):
@@ -79,21 +81,12 @@ def _thor(spe, epochs, lr_init, lr_decay, lr_end_epoch, lr_halve_epoch=None):
 
 
 def _linear(spe, epochs, lr_max, lr_init=0.0, lr_end=0.0, warmup_epochs=0):
-    total = spe * epochs
-    values = np.empty(total, np.float64)
-    values, warmup = _warmup_then(values, spe, epochs, lr_init, lr_max, warmup_epochs)
-    i = np.arange(warmup, total, dtype=np.float64)
-    values[warmup:] = lr_max - (lr_max - lr_end) * (i - warmup) / (total - warmup)
-    return values
+    return _warmup_then_decay(spe, epochs, lr_max, lr_init, lr_end, warmup_epochs, lambda p: 1.0 - p)
 
 
 def _cosine(spe, epochs, lr_max, lr_init=0.0, lr_end=0.0, warmup_epochs=0):
-    total = spe * epochs
-    values = np.empty(total, np.float64)
-    values, warmup = _warmup_then(values, spe, epochs, lr_init, lr_max, warmup_epochs)
-    i = np.arange(warmup, total, dtype=np.float64)
-    values[warmup:] = lr_end + (lr_max - lr_end) * 0.5 * (1.0 + np.cos(math.pi * (i - warmup) / (total - warmup)))
-    return values
+    return _warmup_then_decay(spe, epochs, lr_max, lr_init, lr_end, warmup_epochs,
+                              lambda p: 0.5 * (1.0 + np.cos(math.pi * p)))
 
 
 def _decays(spe, epochs, milestones, gamma):
@@ -105,9 +98,9 @@ def _decays(spe, epochs, milestones, gamma):
 
 
 def _step(spe, epochs, lr_max, lr_milestones, lr_init=None, lr_gamma=0.1, warmup_epochs=0):
-    values = lr_max * _decays(spe, epochs, lr_milestones, lr_gamma)
-    values, _ = _warmup_then(values, spe, epochs, lr_max if lr_init is None else lr_init, lr_max, warmup_epochs)
-    return values
+    decays = _decays(spe, epochs, lr_milestones, lr_gamma)
+    return _warmup_then_decay(spe, epochs, lr_max, lr_max if lr_init is None else lr_init, 0.0, warmup_epochs,
+                              lambda p: decays)
 
 
 def _polynomial(spe, epochs, lr_max, lr_power, lr_end_epoch, lr_decay_start_epoch=0.0):
