@@ -14,7 +14,8 @@ Usage: bash scripts/run_distribute_train.sh DEVICE_NUM CONFIG DATA_PATH [train.p
 Each worker trains on its shard of the data and writes checkpoints to OUTPUT_DIR/ckpt_RANK;
 msrun writes the workers' logs to LOG_DIR/worker_RANK.log.
 Environment: MASTER_PORT (default: a free port), LOG_DIR (default msrun_log), MSRUN (default msrun),
-             PYTHON (default python, for the port probe), DRY_RUN=1 (print the command).
+             PYTHON (default python, for the port probe), DRY_RUN=1 (print the command),
+             TRAIN_SCRIPT (default model_zoo/resnet50/train.py).
 Other launchers: scripts/run_distribute_train_ascend.sh (rank table), scripts/run_distribute_train_gpu.sh (mpirun).
 Example: bash scripts/run_distribute_train.sh 2 cpu_smoke synthetic --optimizer kfac
 USAGE

@@ -12,7 +12,8 @@ Usage: bash scripts/run_standalone_train.sh CONFIG DATA_PATH [train.py options..
   options    passed to train.py, e.g. --optimizer thor --epoch_size 2 --output_dir out
              --resume out/ckpt_0/resnet-1_4.ckpt --set kfac.damping=0.01
 
-Environment: PYTHON (default python), DEVICE_ID (GPU/Ascend device), DRY_RUN=1 (print the command).
+Environment: PYTHON (default python), DEVICE_ID (GPU/Ascend device), DRY_RUN=1 (print the command),
+             TRAIN_SCRIPT (default model_zoo/resnet50/train.py).
 Example: bash scripts/run_standalone_train.sh cpu_smoke synthetic --optimizer kfac
 USAGE
 }
