@@ -553,3 +553,24 @@ def test_distributed_script_trains_kfac_on_two_workers(tmp_path):
         _checkpoint(tmp_path / "out", 1, rank)
     evaluated = _bash("run_eval.sh", "cpu_smoke", "synthetic", _checkpoint(tmp_path / "out", 1, rank=1))
     assert evaluated.returncode == 0 and "top_1_accuracy" in evaluated.stdout
+
+
+@pytest.mark.slow
+def test_resnet50_imagenet_config_trains_and_evaluates_on_synthetic_data(tmp_path):
+    """The ImageNet Momentum config with ResNet-50 itself, shrunk to 32x32 synthetic images on CPU.
+
+    (ResNet-50 with THOR also runs this way, but its first epoch takes ~3 minutes and ~12 GB here.)
+    """
+    shrink = ["--device_target", "CPU", "--amp_level", "O0", "--image_size", "32", "--batch_size", "2",
+              "--eval_batch_size", "2", "--synthetic_size", "4", "--synthetic_eval_size", "4", "--epoch_size", "2",
+              "--num_parallel_workers", "1"]
+    result = _bash("run_standalone_train.sh", "resnet50_imagenet2012_momentum_8p", "synthetic", *shrink,
+                   "--eval_interval", "1", "--eval_start_epoch", "1", "--save_checkpoint_epochs", "1",
+                   "--output_dir", str(tmp_path))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = _summary(tmp_path)
+    assert summary["steps_per_epoch"] == 2 and [e["epoch"] for e in summary["eval"]] == [1, 2]
+    assert "the config's hyper-parameters are for device_num=8 (global batch 16)" in result.stdout
+    evaluated = _bash("run_eval.sh", "resnet50_imagenet2012_momentum_8p", "synthetic", _checkpoint(tmp_path, 2),
+                      *shrink)
+    assert evaluated.returncode == 0 and "top_5_accuracy" in evaluated.stdout, evaluated.stderr[-2000:]
