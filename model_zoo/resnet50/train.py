@@ -39,6 +39,7 @@ def train(args, config):
     from src.resnet import build_network
 
     runtime.setup_context(config)
+    skipped = validate_sections(config)          # every section, before any launcher/communication setup
     distribute = args.distribute == "true" or (args.distribute == "auto" and launched_distributed())
     rank, group_size = init_data_parallel() if distribute else (0, 1)
 
@@ -46,7 +47,6 @@ def train(args, config):
         if rank == 0:
             print(message, flush=True)
 
-    skipped = validate_sections(config)
     if skipped:
         log(f"note: optimizer sections {skipped} not validated: this installation has no such optimizer")
     if group_size != config["device_num"]:
