@@ -1,0 +1,1 @@
+"""ResNet-50 model zoo for mindspore_ngd: network, data, configuration, optimizer factory."""

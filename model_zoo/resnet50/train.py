@@ -1,0 +1,121 @@
+"""Train ResNet-50 v1.5 (or the CIFAR-style ResNet) with Momentum, K-FAC, THOR or SP-NGD.
+
+    python train.py --config cpu_smoke --data_path synthetic
+    python train.py --config resnet50_imagenet2012_thor_8p --data_path /data/imagenet --resume CKPT
+
+Everything comes from the YAML config (``--config``: a file, or a name in ``configs/``), overridable
+per key on the command line (``--epoch_size 2``, ``--set kfac.damping=0.01``); see README.md.
+
+Launched by msrun (or a rank-table / mpirun launcher) the script initialises
+``mindspore.communication``, trains data-parallel with gradients averaged over the ranks and reads
+its shard of the training data; each rank writes checkpoints to ``OUTPUT_DIR/ckpt_RANK``.
+"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from src import runtime  # noqa: E402  (imports no MindSpore: the CPU ISA variable is set first)
+
+
+def _add_arguments(parser):
+    parser.add_argument("--resume", default="", metavar="CKPT",
+                        help="continue from a checkpoint written by this script (network, optimizer state "
+                             "and step counter); training resumes after the epoch it was written")
+    parser.add_argument("--distribute", choices=("auto", "true", "false"), default="auto",
+                        help="data-parallel training: auto = when started by msrun / a rank table / mpirun")
+
+
+def train(args, config):
+    from mindspore import nn
+    from mindspore.train import (CheckpointConfig, LossMonitor, Model, ModelCheckpoint, TimeMonitor,
+                                 FixedLossScaleManager)
+
+    from src.callbacks import EvalCallback, ThroughputMonitor
+    from src.dataset import create_dataset
+    from src.distributed import init_data_parallel, launched_distributed
+    from src.optimizer import build_optimizer, schedule_parameter_names, validate_sections
+    from src.resnet import build_network
+
+    runtime.setup_context(config)
+    skipped = validate_sections(config)          # every section, before any launcher/communication setup
+    distribute = args.distribute == "true" or (args.distribute == "auto" and launched_distributed())
+    rank, group_size = init_data_parallel() if distribute else (0, 1)
+
+    def log(message):
+        if rank == 0:
+            print(message, flush=True)
+
+    if skipped:
+        log(f"note: optimizer sections {skipped} not validated: this installation has no such optimizer")
+    if group_size != config["device_num"]:
+        log(f"note: the config's hyper-parameters are for device_num={config['device_num']} (global batch "
+            f"{config['batch_size'] * config['device_num']}); this run has {group_size} device(s), global batch "
+            f"{config['batch_size'] * group_size}")
+
+    train_data = create_dataset(config, training=True, rank=rank, group_size=group_size)
+    steps_per_epoch = train_data.get_dataset_size()
+    network = build_network(config["net"], config["num_classes"], config["net_options"])
+    loss = nn.CrossEntropyLoss(reduction="mean", label_smoothing=config["label_smooth_factor"])
+    optimizer, lr_values, _ = build_optimizer(config, network, steps_per_epoch, extra={"verbose": rank == 0})
+
+    initial_epoch = 0
+    if args.resume:
+        # before the first compile: loading into a compiled graph is not supported by the optimizers
+        params = runtime.load_checkpoint(args.resume, [network, optimizer], skip=schedule_parameter_names(optimizer))
+        initial_epoch = runtime.checkpoint_epoch(args.resume, params)
+        log(f"resumed from {args.resume}: epoch {initial_epoch}, step {int(optimizer.global_step.asnumpy().reshape(-1)[0])}")
+        if initial_epoch >= config["epoch_size"]:
+            raise runtime.UsageError(f"checkpoint {args.resume!r} was written after epoch {initial_epoch}: nothing "
+                                     f"left to train with epoch_size {config['epoch_size']}")
+
+    loss_scale = config["loss_scale"]
+    manager = FixedLossScaleManager(loss_scale, drop_overflow_update=False) if loss_scale != 1.0 else None
+    metrics = {"top_1_accuracy": nn.Top1CategoricalAccuracy(), "top_5_accuracy": nn.Top5CategoricalAccuracy()}
+    model = Model(network, loss_fn=loss, optimizer=optimizer, metrics=metrics, loss_scale_manager=manager,
+                  amp_level=config["amp_level"])
+
+    output_dir = os.path.abspath(config["output_dir"])
+    throughput = ThroughputMonitor(config["batch_size"], group_size,
+                                   os.path.join(output_dir, f"throughput_rank{rank}.json"), printer=log)
+    callbacks = [TimeMonitor(steps_per_epoch), LossMonitor(config["log_interval"]), throughput]
+    if config["save_checkpoint_epochs"] > 0:
+        ckpt_config = CheckpointConfig(save_checkpoint_steps=steps_per_epoch * config["save_checkpoint_epochs"],
+                                       keep_checkpoint_max=config["keep_checkpoint_max"],
+                                       append_info=["epoch_num", "step_num"])
+        callbacks.append(ModelCheckpoint(prefix="resnet", directory=os.path.join(output_dir, f"ckpt_{rank}"),
+                                         config=ckpt_config))
+    evaluator = None
+    if config["eval_interval"] > 0 and rank == 0:
+        eval_data = create_dataset(config, training=False)
+        if eval_data is None:
+            log("note: eval_interval is set but there is no evaluation data (eval_data_path): not evaluating")
+        else:
+            evaluator = EvalCallback(model, eval_data, config["eval_interval"], config["eval_start_epoch"], log)
+            callbacks.append(evaluator)
+
+    log(f"training {config['net']} with {type(optimizer).__name__} on "
+        f"{'synthetic data' if config['data_path'] == 'synthetic' else config['data_path']}: "
+        f"{steps_per_epoch} steps/epoch x {config['batch_size']} images x {group_size} device(s), "
+        f"epochs {initial_epoch + 1}-{config['epoch_size']}, lr {lr_values[0]:.6g} -> {lr_values[-1]:.6g}")
+    model.train(config["epoch_size"], train_data, callbacks=callbacks,
+                dataset_sink_mode=config["dataset_sink_mode"], initial_epoch=initial_epoch)
+
+    summary = {"rank": rank, "group_size": group_size, "optimizer": config["optimizer"],
+               "config": config["config_path"], "steps_per_epoch": steps_per_epoch,
+               "throughput": throughput.summary(), "eval": evaluator.history if evaluator else []}
+    with open(os.path.join(output_dir, f"summary_rank{rank}.json"), "w", encoding="utf-8") as handle:
+        json.dump(summary, handle, indent=2)
+    log(f"done: {summary['throughput']['images_per_s']:.1f} images/s per device after the first epoch; "
+        f"outputs in {output_dir}")
+    return summary
+
+
+def main(argv=None):
+    args, config = runtime.parse(__doc__.splitlines()[0], _add_arguments, argv)
+    return runtime.main_guard(lambda: train(args, config), "train.py")
+
+
+if __name__ == "__main__":
+    main()
