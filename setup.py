@@ -16,7 +16,9 @@ setup(
     extras_require={
         # the quick-start demo and the benchmarks train on scikit-learn's bundled digits data
         "examples": ["scikit-learn"],
-        "test": ["pytest", "scipy", "scikit-learn"],
+        # model_zoo/resnet50 reads YAML configs
+        "model_zoo": ["pyyaml"],
+        "test": ["pytest", "scipy", "scikit-learn", "pyyaml"],
     },
     license="Apache-2.0",
 )

@@ -1,7 +1,6 @@
 """model_zoo/resnet50: network, schedules against the published formulas, config validation, data
 pipelines, launch scripts, and end-to-end training / resume / evaluation on the cpu_smoke config."""
 import glob
-import inspect
 import json
 import os
 import subprocess
@@ -31,7 +30,6 @@ from src.resnet import build_network, resnet50  # noqa: E402
 
 SCRIPT_NAMES = ("run_standalone_train.sh", "run_distribute_train.sh", "run_distribute_train_ascend.sh",
                 "run_distribute_train_gpu.sh", "run_eval.sh")
-HAS_SPNGD = getattr(mindspore_ngd, "SPNGD", None) is not None
 
 
 # --------------------------------------------------------------------------- network
@@ -241,28 +239,10 @@ def test_every_shipped_config_validates(monkeypatch):
     assert len(paths) >= 11
     for path in paths:
         config = zoo_config.load_config(path)
-        if config["optimizer"] == "spngd" and not HAS_SPNGD:
-            with pytest.raises(zoo_opt.OptimizerUnavailable, match="this mindspore_ngd has no SPNGD"):
-                zoo_opt.validate_sections(config)
-        else:
-            zoo_opt.validate_sections(config)
+        zoo_opt.validate_sections(config)
 
 
-class _PlannedSPNGD:
-    """The constructor signature announced for ngd.SPNGD, to validate the SP-NGD configs before it lands."""
-
-    def __init__(self, network, learning_rate, damping=1e-3, momentum=0.9, weight_decay=0.0, factor_decay=0.0,
-                 stale=True, refresh_threshold=0.1, max_interval=100, bn_damping=1e-3, fisher="empirical",
-                 kl_clip=None, loss_scale=1.0, inverse_method="cholesky", jitter=1e-6, nesterov=False,
-                 decay_filter=None, skip_layers=(), verbose=True):
-        self.kwargs = dict(inspect.getcallargs(self.__init__, network, learning_rate, damping=damping,
-                                               momentum=momentum, weight_decay=weight_decay,
-                                               factor_decay=factor_decay, loss_scale=loss_scale))
-
-
-def test_spngd_sections_validate_against_the_constructor_once_it_exists(monkeypatch):
-    if not HAS_SPNGD:
-        monkeypatch.setattr(mindspore_ngd, "SPNGD", _PlannedSPNGD, raising=False)
+def test_spngd_sections_validate_against_the_constructor():
     for name in ("resnet50_imagenet2012_spngd_bs4k", "resnet50_imagenet2012_spngd_bs32k", "resnet_cifar10_spngd"):
         zoo_opt.validate_sections(zoo_config.load_config(name))
     config = _smoke(optimizer="spngd")
@@ -488,11 +468,6 @@ def test_standalone_script_trains_kfac(kfac_run):
 
 @pytest.mark.parametrize("optimizer", ["momentum", "thor", "spngd"])
 def test_standalone_script_trains_each_optimizer(tmp_path, optimizer):
-    if optimizer == "spngd" and not HAS_SPNGD:
-        result = _bash("run_standalone_train.sh", "cpu_smoke", "synthetic", "--optimizer", "spngd",
-                       "--output_dir", str(tmp_path))
-        assert result.returncode == 2 and "this mindspore_ngd has no SPNGD" in result.stderr
-        pytest.skip("mindspore_ngd.SPNGD does not exist yet: checked the clear error instead")
     result = _train(tmp_path, optimizer)
     _check_trained(tmp_path, result.stdout, optimizer)
 
