@@ -197,9 +197,10 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None):
             break
     if progress:
         progress.close(len(curve), note + (f"  diverged at epoch {diverged}" if diverged else ""))
+    counters = opt.state_counters() if hasattr(opt, "state_counters") else None   # refreshes, faults
     return {"optimizer": optimizer, "lr": lr, "damping": damping, "seed": seed, "compile_s": compile_s,
             "steps_per_epoch": len(x_train) // task.batch_size, "diverged_epoch": diverged,
-            "init_checksum": init_checksum, "curve": curve}
+            "init_checksum": init_checksum, "counters": counters, "curve": curve}
 
 
 def run_task(task, optimizers, seeds, epochs, grid="full", stream=None):
