@@ -63,6 +63,11 @@ def test_quick_mode_digits_cnn(tmp_path):
     if HAVE_MATPLOTLIB:
         assert os.path.getsize(outputs["png"]) > 1000
 
+    # the tables can be rebuilt from the JSON alone
+    rebuilt = convergence.main(["--from-json", outputs["json"], "--no-plots", "--out", str(tmp_path / "again")])
+    with open(rebuilt[outputs["json"]]["markdown"], encoding="utf-8") as handle:
+        assert handle.read() == table
+
 
 def test_quick_mode_autoencoder_reports_losses(tmp_path):
     outputs = convergence.main(["--task", "digits-autoencoder", "--quick", "--epochs", "1", "--no-plots",
@@ -144,6 +149,7 @@ def test_summary_autoencoder_target_is_final_training_loss_and_unreached_is_inf(
     (["--seeds", "0"], ["--seeds", ">= 1"]),
     (["--epochs", "0"], ["--epochs", ">= 1"]),
     (["--grid", "huge"], ["--grid", "full", "single"]),
+    (["--from-json", "no/such/file.json"], ["--from-json", "no/such/file.json"]),
 ])
 def test_cli_rejects_bad_arguments_naming_them(argv, words, capsys):
     with pytest.raises(SystemExit):

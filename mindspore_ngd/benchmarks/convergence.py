@@ -19,11 +19,13 @@ metric (ties: the better median of the metric averaged over epochs). The target 
 (classification) or its final training loss (autoencoder). Reported per optimizer: the best test
 metric, epochs and seconds (with and without compile time) to reach the target, seconds per epoch,
 compile time, as median [min, max] over seeds. Output: ``convergence_<task>.json`` (every run's
-curve), ``.md`` (tables) and ``.png`` (test metric vs epoch and vs seconds).
+curve), ``.md`` (tables) and ``.png`` (test metric vs epoch and vs seconds); ``--from-json``
+rebuilds the tables and plots of saved JSON files without training.
 """
 import argparse
 import importlib.util
 import inspect
+import json
 import math
 import os
 import sys
@@ -373,8 +375,11 @@ def markdown(task, summary, seeds, epochs):
         lines.append(f"| {bold}{row['optimizer']}{bold} | {row['lr']:g} | {damping} | "
                      f"{bold}{_range(row['best_metric'], digits, one)}{bold} | "
                      f"{_range(row['final_train_loss'], digits, one)} | {row['diverged_runs']} |")
+    lrs = {}
+    for row in summary["grid"]:
+        lrs.setdefault(row["optimizer"], set()).add(row["lr"])
     edge = [f"{name} (lr {entry['lr']:g})" for name, entry in summary["best"].items()
-            if len(OPTIMIZERS[name].lrs) > 1 and entry["lr"] in (min(OPTIMIZERS[name].lrs), max(OPTIMIZERS[name].lrs))]
+            if len(lrs[name]) > 1 and entry["lr"] in (min(lrs[name]), max(lrs[name]))]
     if edge:
         lines += ["", "Best learning rate at the edge of its grid: " + ", ".join(edge) + "."]
     return "\n".join(lines)
@@ -458,9 +463,17 @@ def parse_args(argv=None):
                              "(default full; single with --quick)")
     parser.add_argument("--quick", action="store_true",
                         help="one seed, the task's quick epoch budget, single grid point")
-    parser.add_argument("--out", default="results", help="output directory (default results/)")
+    parser.add_argument("--out", default=None, help="output directory (default results/; with --from-json: "
+                        "next to each JSON file)")
     parser.add_argument("--no-plots", action="store_true", help="do not write PNG plots (no matplotlib needed)")
+    parser.add_argument("--from-json", nargs="+", metavar="FILE",
+                        help="rebuild the Markdown and PNG of saved convergence_<task>.json files (no training)")
     args = parser.parse_args(argv)
+    args.out_given = args.out is not None
+    args.out = args.out or "results"
+    for path in args.from_json or ():
+        if not os.path.isfile(path):
+            parser.error(f"--from-json: no such file {path!r}")
     args.tasks = _names(parser, "--task", args.task, list(TASKS), all_value=TASKS)
     args.optimizer_names = _names(parser, "--optimizers", args.optimizers, list(OPTIMIZERS))
     missing = [n for n in args.optimizer_names if not OPTIMIZERS[n].available()]
@@ -500,8 +513,46 @@ def _json_safe(value):
     return value
 
 
+def _write_reports(task, runs, meta, out, name, plots):
+    """Markdown and (optionally) PNG for one task's runs; returns (summary, table, md path, png path)."""
+    summary = summarize(task, runs)
+    table = markdown(task, summary, meta["seeds"], meta["epochs"])
+    md_path = os.path.join(out, name + ".md")
+    os.makedirs(out, exist_ok=True)
+    with open(md_path, "w", encoding="utf-8") as handle:
+        handle.write(f"`{meta['command']}`\n\n{table}\n\nTotal time for this task: {meta['total_seconds']:.0f} s "
+                     f"on {meta.get('cpu_model') or 'an unknown CPU'}.\n")
+    png_path = plot(task, runs, summary, os.path.join(out, name + ".png")) if plots else None
+    return summary, table, md_path, png_path
+
+
+def _nan_for_null(value):
+    if value is None:
+        return float("nan")
+    if isinstance(value, dict):
+        return {k: _nan_for_null(v) if k != "diverged_epoch" else v for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nan_for_null(v) for v in value]
+    return value
+
+
+def rebuild(json_path, out=None, plots=True):
+    """Tables and plots again from a saved ``convergence_<task>.json`` (no training)."""
+    with open(json_path, encoding="utf-8") as handle:
+        payload = json.load(handle)
+    runs = [dict(run, curve=_nan_for_null(run["curve"])) for run in payload["runs"]]
+    name = os.path.splitext(os.path.basename(json_path))[0]
+    _, table, md_path, png_path = _write_reports(TASKS[payload["task"]], runs, payload,
+                                                 out or os.path.dirname(json_path), name, plots)
+    print(table)
+    return {"json": json_path, "markdown": md_path, "png": png_path}
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.from_json:
+        return {path: rebuild(path, args.out if args.out_given else None, not args.no_plots)
+                for path in args.from_json}
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
     command = "python -m mindspore_ngd.benchmarks.convergence " + " ".join(
@@ -512,26 +563,20 @@ def main(argv=None):
         epochs = args.epochs or (task.quick_epochs if args.quick else task.epochs)
         start = time.perf_counter()
         runs = run_task(task, args.optimizer_names, args.seeds, epochs, args.grid)
-        elapsed = time.perf_counter() - start
-        summary = summarize(task, runs)
-        table = markdown(task, summary, args.seeds, epochs)
-        print(table, flush=True)
-        name = f"convergence_{task.name}" + ("_quick" if args.quick else "")
         settings = {n: {"lrs": list(OPTIMIZERS[n].lrs), "dampings": list(OPTIMIZERS[n].dampings),
                         "settings": OPTIMIZERS[n].settings} for n in args.optimizer_names}
-        payload = {"task": task.name, "description": task.description, "kind": task.kind,
-                   "metric": task.metric, "higher_is_better": task.higher_is_better,
-                   "target_metric": task.target_metric, "target_rule": task.target_rule,
-                   "epochs": epochs, "seeds": args.seeds, "batch_size": task.batch_size, "grid": args.grid,
-                   "quick": args.quick, "optimizers": settings, "command": command,
-                   "total_seconds": elapsed, "cpu_model": _cpu_model(), "runs": runs, **summary, "markdown": table}
-        json_path = save_results(args.out, name, _json_safe(payload))
-        md_path = os.path.join(args.out, name + ".md")
-        with open(md_path, "w", encoding="utf-8") as handle:
-            handle.write(f"`{command}`\n\n{table}\n\nTotal time for this task: {elapsed:.0f} s.\n")
-        png_path = None if args.no_plots else plot(task, runs, summary, os.path.join(args.out, name + ".png"))
+        meta = {"task": task.name, "description": task.description, "kind": task.kind,
+                "metric": task.metric, "higher_is_better": task.higher_is_better,
+                "target_metric": task.target_metric, "target_rule": task.target_rule,
+                "epochs": epochs, "seeds": args.seeds, "batch_size": task.batch_size, "grid": args.grid,
+                "quick": args.quick, "optimizers": settings, "command": command,
+                "total_seconds": time.perf_counter() - start, "cpu_model": _cpu_model()}
+        name = f"convergence_{task.name}" + ("_quick" if args.quick else "")
+        summary, table, md_path, png_path = _write_reports(task, runs, meta, args.out, name, not args.no_plots)
+        print(table, flush=True)
+        json_path = save_results(args.out, name, _json_safe({**meta, "runs": runs, **summary, "markdown": table}))
         outputs[task.name] = {"json": json_path, "markdown": md_path, "png": png_path}
-        print(f"{task.name}: {len(runs)} runs in {elapsed:.0f} s", flush=True)
+        print(f"{task.name}: {len(runs)} runs in {meta['total_seconds']:.0f} s", flush=True)
     return outputs
 
 
