@@ -12,11 +12,14 @@ For every task (``--task``, see :mod:`mindspore_ngd.benchmarks.tasks`), optimize
 * a plain jitted ``nn.TrainOneStepCell`` loop over pre-sliced batches; wall-clock time counts
   training steps only (batch slicing and the per-epoch evaluation are outside the clock). The first
   step's extra time over a steady step is reported as compile time;
-* after every epoch the whole training and test sets are evaluated (one eval-mode call).
+* after every epoch the whole training and test sets are evaluated (one eval-mode call);
+* each run in a fresh process (``--isolate yes``, the default outside ``--quick``), so memory stays
+  bounded: MindSpore keeps every compiled graph for the life of its process.
 
 The best grid point per optimizer is the one with the best median (over seeds) of its best test
-metric (ties: the better median of the metric averaged over epochs). The target is Momentum's result at its best grid point, per seed: its best test accuracy
-(classification) or its final training loss (autoencoder). Reported per optimizer: the best test
+metric (ties: the better median of the metric averaged over epochs). The target is Momentum's
+result at its best grid point, per seed: its best test accuracy (classification) or its final
+training loss (autoencoder). Reported per optimizer: the best test
 metric, epochs and seconds (with and without compile time) to reach the target, seconds per epoch,
 compile time, as median [min, max] over seeds. Output: ``convergence_<task>.json`` (every run's
 curve), ``.md`` (tables) and ``.png`` (test metric vs epoch and vs seconds); ``--from-json``
