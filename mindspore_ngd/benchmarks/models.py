@@ -1,7 +1,7 @@
 """Small reference networks used by the demo, the benchmarks and the tests."""
 from mindspore import nn
 
-__all__ = ["DigitsCNN", "ResNetCifar", "resnet20"]
+__all__ = ["DigitsCNN", "MLP", "CNN1D", "DeepAutoencoder", "ResNetCifar", "resnet20"]
 
 
 class DigitsCNN(nn.Cell):
@@ -26,6 +26,67 @@ class DigitsCNN(nn.Cell):
         x = self.pool(self.relu(self.bn2(self.conv2(x))))
         x = self.relu(self.fc1(self.flatten(x)))
         return self.fc2(x)
+
+
+class MLP(nn.Cell):
+    """Fully connected ReLU network, e.g. ``MLP((40, 100, 100, 10))`` (MNIST-1D's MLP baseline)."""
+
+    def __init__(self, widths=(40, 100, 100, 10)):
+        super().__init__()
+        self.layers = nn.CellList([nn.Dense(a, b) for a, b in zip(widths[:-1], widths[1:])])
+        self.relu = nn.ReLU()
+
+    def construct(self, x):
+        for layer in self.layers[:-1]:
+            x = self.relu(layer(x))
+        return self.layers[-1](x)
+
+
+class CNN1D(nn.Cell):
+    """1-D CNN for length-40 signals (MNIST-1D): three stride-2 convolutions of 25 channels, then Dense.
+
+    The convolutions are ``nn.Conv2d`` with (1, k) kernels on (N, 1, 1, L) inputs, the layout the
+    natural-gradient optimizers precondition; lengths 40 -> 20 -> 10 -> 5.
+    """
+
+    def __init__(self, length=40, channels=25, num_classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, channels, (1, 5), stride=(1, 2), pad_mode="same", has_bias=True)
+        self.conv2 = nn.Conv2d(channels, channels, (1, 3), stride=(1, 2), pad_mode="same", has_bias=True)
+        self.conv3 = nn.Conv2d(channels, channels, (1, 3), stride=(1, 2), pad_mode="same", has_bias=True)
+        self.relu = nn.ReLU()
+        self.flatten = nn.Flatten()
+        self.fc = nn.Dense(channels * (-(-length // 8)), num_classes)
+
+    def construct(self, x):
+        x = self.relu(self.conv1(x))
+        x = self.relu(self.conv2(x))
+        x = self.relu(self.conv3(x))
+        return self.fc(self.flatten(x))
+
+
+class DeepAutoencoder(nn.Cell):
+    """Deep autoencoder in the style of Hinton & Salakhutdinov (2006) / Martens & Grosse (2015).
+
+    Hidden layers with ``activation`` ("sigmoid" as the classic, "tanh" or "relu"), a linear code
+    layer (the last of ``widths``) and output logits (train with binary cross-entropy on inputs in
+    [0, 1]). Default 64-128-64-32-8-32-64-128-64 for 8x8 digits.
+    """
+
+    def __init__(self, widths=(64, 128, 64, 32, 8), activation="sigmoid"):
+        super().__init__()
+        sizes = list(widths) + list(widths[-2::-1])
+        self.layers = nn.CellList([nn.Dense(a, b) for a, b in zip(sizes[:-1], sizes[1:])])
+        self.code_index = len(widths) - 2      # the layer producing the code stays linear
+        self.sigmoid = {"sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "relu": nn.ReLU}[activation]()
+
+    def construct(self, x):
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i != self.code_index and i != last:
+                x = self.sigmoid(x)
+        return x
 
 
 class _BasicBlock(nn.Cell):
