@@ -18,7 +18,9 @@ setup(
         "examples": ["scikit-learn"],
         # model_zoo/resnet50 reads YAML configs
         "model_zoo": ["pyyaml"],
-        "test": ["pytest", "scipy", "scikit-learn", "pyyaml"],
+        # the time-to-accuracy suite (python -m mindspore_ngd.benchmarks.convergence)
+        "bench": ["scikit-learn", "matplotlib", "mnist1d"],
+        "test": ["pytest", "scipy", "scikit-learn", "pyyaml", "matplotlib", "mnist1d"],
     },
     license="Apache-2.0",
 )
