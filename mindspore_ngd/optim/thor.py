@@ -117,9 +117,9 @@ class THOR(NGDOptimizer):
         for k in range(self.num_layers):
             capture = self.captures[k]
             a_moved = ops.logical_or(self.a_updates[k] == 0, trace_changed(
-                capture.a_trace, ops.trace(self.a_factors[k]), self._trace_threshold))
+                ops.depend(capture.a_trace, next_step), ops.trace(self.a_factors[k]), self._trace_threshold))
             g_moved = ops.logical_or(self.g_updates[k] == 0, trace_changed(
-                capture.g_trace, ops.trace(self.g_factors[k]), self._trace_threshold))
+                ops.depend(capture.g_trace, next_step), ops.trace(self.g_factors[k]), self._trace_threshold))
             ops.assign(capture.capture_a, ops.logical_and(probed, a_moved))
             ops.assign(capture.capture_g, ops.logical_and(probed, g_moved))
             ops.assign(capture.trace_a, due)
