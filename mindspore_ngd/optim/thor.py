@@ -114,16 +114,24 @@ class THOR(NGDOptimizer):
         # trace rule: a refresh point only probes traces; the next step captures the statistics whose
         # trace moved (every statistic before its first capture)
         probed = self.captures[0].trace_a
+        flags = ()
         for k in range(self.num_layers):
             capture = self.captures[k]
             a_moved = ops.logical_or(self.a_updates[k] == 0, trace_changed(
                 ops.depend(capture.a_trace, next_step), ops.trace(self.a_factors[k]), self._trace_threshold))
             g_moved = ops.logical_or(self.g_updates[k] == 0, trace_changed(
                 ops.depend(capture.g_trace, next_step), ops.trace(self.g_factors[k]), self._trace_threshold))
-            ops.assign(capture.capture_a, ops.logical_and(probed, a_moved))
-            ops.assign(capture.capture_g, ops.logical_and(probed, g_moved))
-            ops.assign(capture.trace_a, due)
-            ops.assign(capture.trace_g, due)
+            flags += (ops.logical_and(probed, a_moved), ops.logical_and(probed, g_moved))
+        # the probe flags are overwritten only after every capture flag has used ``probed``: the read
+        # of ``trace_a`` is not a snapshot (measured: without this, layers after the first read the
+        # flag already set for the next step and captured on the probe step itself)
+        settled = ops.stack(flags)
+        for k in range(self.num_layers):
+            capture = self.captures[k]
+            ops.assign(capture.capture_a, flags[2 * k])
+            ops.assign(capture.capture_g, flags[2 * k + 1])
+            ops.assign(capture.trace_a, ops.depend(due, settled))
+            ops.assign(capture.trace_g, ops.depend(due, settled))
         return due
 
     def _after_step(self, step, refreshed, changes):
