@@ -47,8 +47,8 @@ class _Packer(nn.Cell):
 
     def construct(self, a, g, pre):
         flat = self.par.pack_factors(a, g)
-        size = self.par.factor_layout.chunk
-        chunk = flat[self.par.position * size:(self.par.position + 1) * size]
+        start = self.par.factor_starts[self.par.position]
+        chunk = flat[start:start + self.par.factor_layout.chunk]
         owned = ()
         for k in range(self.par.num_layers):
             if self.par.owned[k]:
@@ -61,19 +61,24 @@ def _symmetric(rng, dim):
     return x + x.T
 
 
-@pytest.mark.parametrize("world, fraction", [(2, None), (3, None), (4, 0.5), (2, 1)])
-def test_graph_packing_matches_the_numpy_packers(world, fraction):
+@pytest.mark.parametrize("world, fraction, backend", [(2, None, "mccl"), (3, None, "mccl"), (4, 0.5, "mccl"),
+                                                      (2, 1, "mccl"), (3, None, "nccl")])
+def test_graph_packing_matches_the_numpy_packers(world, fraction, backend):
     rng = np.random.default_rng(world)
     plan = plan_ownership(ITEMS, world, fraction)
     a = [_symmetric(rng, it[1]) for it in ITEMS]
     g = [_symmetric(rng, it[2]) for it in ITEMS]
     pre = [rng.standard_normal((it[2], it[1])).astype(np.float32) for it in ITEMS]
     layout = plan.factor_layout()
-    expected = pack_buffer(layout, [[v for i in plan.items_at(p) for v in (pack_symmetric(a[i]), pack_symmetric(g[i]))]
-                                    for p in range(plan.group_size)])
+    parts = [[v for i in plan.items_at(p) for v in (pack_symmetric(a[i]), pack_symmetric(g[i]))]
+             for p in range(plan.group_size)]
+    if backend == "nccl":                         # ReduceScatter: equal zero-padded chunks
+        expected = pack_buffer(layout, parts)
+    else:                                         # AllReduce: the positions' parts back to back
+        expected = np.concatenate([v for part in parts for v in part])
     gathered = np.zeros(plan.gradient_layout().total, np.float32)
     for rank in range(plan.group_size):           # the ranks of owner group 0
-        comm = Communicator(plan, rank, "mccl")
+        comm = Communicator(plan, rank, backend)
         mine = [k for k in range(len(ITEMS)) if comm.owned[k]]
         flat, owned, placed = _Packer(comm.ops(create_groups=False))(tuple(Tensor(m) for m in a), tuple(Tensor(m) for m in g),
                                                   tuple(Tensor(pre[k]) for k in mine))

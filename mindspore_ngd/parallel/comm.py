@@ -7,12 +7,12 @@ collectives) or None (single device: the engine is exactly the single-device one
 builds :class:`ParallelOps`, the ``nn.Cell`` the optimizer calls inside its graph:
 
 * ``pack_factors`` / ``reduce_factors`` / ``unpack_factor`` -- every rank's batch A and G of every
-  layer, packed as upper triangles into one flat buffer laid out by owner position (one equal,
-  zero-padded chunk per position, :meth:`OwnershipPlan.factor_layout`), summed across all ranks;
-  each rank keeps and unpacks (symmetrising) its own chunk. ``ReduceScatter`` when the backend has
-  it and ``grad_worker_fraction = 1/N``; otherwise one ``AllReduce`` of the whole buffer, a
-  mathematically equivalent fallback that moves ~2x the bytes (always on CPU: MindSpore 2.10's
-  MCCL has no ReduceScatter kernel). Small replicated statistics (BatchNorm unit-wise Fishers) ride
+  layer, packed as upper triangles into one flat buffer laid out by owner position
+  (:meth:`OwnershipPlan.factor_layout`), summed across all ranks; each rank keeps and unpacks
+  (symmetrising) its own part. ``ReduceScatter`` of equal zero-padded chunks when the backend has
+  it and ``grad_worker_fraction = 1/N``; otherwise one ``AllReduce`` of the unpadded buffer (the
+  positions' parts back to back), a mathematically equivalent fallback that moves ~2x the bytes
+  (always on CPU: MindSpore 2.10's MCCL has no ReduceScatter kernel). Small replicated statistics (BatchNorm unit-wise Fishers) ride
   along: appended to the AllReduce, or a separate AllReduce after a ReduceScatter;
 * ``pack_preconditioned`` / ``gather_preconditioned`` / ``unpack_preconditioned`` -- each rank's
   owned layers' preconditioned gradients, one zero-padded chunk per rank, gathered so that every
@@ -194,8 +194,10 @@ class Communicator:
     def factor_bytes(self):
         """Bytes this rank sends for the packed factors per capture step (ring model): AllReduce
         ``2 (N-1)/N * total``, ReduceScatter ``(N-1)/N * total``."""
-        n, total = self.world_size, self.plan.factor_layout().total * 4
-        return (2 if self.factor_collective == "AllReduce" else 1) * (n - 1) / n * total
+        n, layout = self.world_size, self.plan.factor_layout()
+        if self.factor_collective == "AllReduce":
+            return 2 * (n - 1) / n * sum(layout.used) * 4
+        return (n - 1) / n * layout.total * 4
 
     def ops(self, replicated=0, create_groups=True):
         """The graph-mode :class:`ParallelOps` cell; ``replicated``: floats of statistics every rank
@@ -245,6 +247,13 @@ class ParallelOps(nn.Cell):
         self.slot = tuple(slot)
         self.layer_position = tuple(plan.positions)
         self.factor_layout = plan.factor_layout(triangular=True)
+        self.scatter = comm.factor_collective == "ReduceScatter"
+        # where each position's part starts in the factor buffer: equal chunks for ReduceScatter,
+        # back to back (no padding) for AllReduce
+        used = self.factor_layout.used
+        self.factor_starts = tuple(p * self.factor_layout.chunk if self.scatter else sum(used[:p])
+                                   for p in range(plan.group_size))
+        self.factor_total = self.factor_layout.total if self.scatter else sum(used)
         self.gradient_layout = plan.gradient_layout()
         # upper-triangle indices, one constant per distinct side (int32: sides up to 46340)
         dims = sorted(set(self.a_dims) | set(self.g_dims))
@@ -253,7 +262,6 @@ class ParallelOps(nn.Cell):
         self.tri_gather = tuple(Tensor(triu_flat_indices(d).astype(np.int32)) for d in dims)
         self.tri_scatter = tuple(Tensor(triu_flat_indices(d).astype(np.int32).reshape(-1, 1)) for d in dims)
         self.replicated = int(replicated)
-        self.scatter = comm.factor_collective == "ReduceScatter"
         if self.scatter:
             self.reduce_op = ops.ReduceScatter(ops.ReduceOp.SUM, world)
             self.replicate_op = ops.AllReduce(ops.ReduceOp.SUM, world)
@@ -288,34 +296,35 @@ class ParallelOps(nn.Cell):
 
     # ------------------------------------------------------------------ factors
     def pack_factors(self, a_batches, g_batches):
-        """Every layer's batch (A, G) triangles in one buffer of ``factor_layout.total`` floats."""
+        """Every layer's batch (A, G) triangles in one buffer of ``factor_total`` floats, by position."""
         layout = self.factor_layout
         pieces = ()
         for p in range(self.positions):
-            chunk = ()
             for k in self.items_at[p]:
-                chunk += (self.triu(a_batches[k], self.a_slots[k]), self.triu(g_batches[k], self.g_slots[k]))
-            if layout.chunk:
-                pieces += (self._padded(chunk, layout.used[p], layout.chunk),)
+                pieces += (self.triu(a_batches[k], self.a_slots[k]), self.triu(g_batches[k], self.g_slots[k]))
+            if self.scatter and layout.chunk > layout.used[p]:
+                pieces += (ops.zeros((layout.chunk - layout.used[p],), ms.float32),)
         return ops.concat(pieces) if len(pieces) > 1 else pieces[0]
 
     def reduce_factors(self, flat, replicated):
-        """(this rank's chunk of the sum of ``flat`` over all ranks, sum of ``replicated``); with no
-        replicated statistics pass ``replicated=None`` and get the chunk alone."""
-        chunk = self.factor_layout.chunk
+        """(this rank's part of the sum of ``flat`` over all ranks, sum of ``replicated``); with no
+        replicated statistics pass ``replicated=None`` and get the part alone."""
         if self.scatter:
             own = self.reduce_op(flat)
             if replicated is None:
                 return own
             return own, self.replicate_op(ops.depend(replicated, own))
-        start = self.position * chunk
+        start = self.factor_starts[self.position]
+        stop = start + self.factor_layout.used[self.position]
+        if stop == start:               # a position that owns nothing: any non-empty slice will do
+            start, stop = 0, 1
         if replicated is None:
-            return self.reduce_op(flat)[start:start + chunk]
+            return self.reduce_op(flat)[start:stop]
         total = self.reduce_op(ops.concat((flat, replicated)))
-        return total[start:start + chunk], total[self.factor_layout.total:]
+        return total[start:stop], total[self.factor_total:]
 
     def unpack_factor(self, chunk, k, which):
-        """The symmetric A (``which=0``) or G (1) of owned layer ``k`` from this rank's chunk."""
+        """The symmetric A (``which=0``) or G (1) of owned layer ``k`` from this rank's part."""
         j = 2 * self.slot[k] + which
         dim = self.g_dims[k] if which else self.a_dims[k]
         slot = self.g_slots[k] if which else self.a_slots[k]
