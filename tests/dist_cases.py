@@ -100,6 +100,7 @@ def run_case(name, rank=0, world=1):
         out["parallel"] = opt.parallel_state()
         out["plan_positions"] = list(opt.parallel_plan.positions)
         out["plan_text"] = str(opt.parallel_plan)
+        out["summary"] = opt.summary()
         out["factor_shapes"] = {s.name: [list(opt.a_factors[k].shape), list(opt.g_factors[k].shape),
                                          list(opt.a_inverses[k].shape), list(opt.g_inverses[k].shape)]
                                 for k, s in enumerate(opt.layer_specs)}

@@ -100,6 +100,7 @@ def test_each_rank_inverts_only_the_layers_it_owns(launch):
             else:                                   # placeholders: no factor or inverse memory
                 assert shapes == [[1, 1]] * 4, layer
         assert "world_size 2, grad_worker_fraction 1/2" in result["plan_text"]
+        assert f"distributed: rank {rank} of 2 owns {len(owned)} layers [{', '.join(owned)}]" in result["summary"]
     # grad_worker_fraction 1: every rank owns and inverts every layer
     for rank in (0, 1):
         full = launch[rank]["cases"]["kfac_f1"]

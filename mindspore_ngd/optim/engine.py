@@ -836,4 +836,9 @@ class NGDOptimizer(nn.Optimizer):
                      f"({4 * floats / 2 ** 20:.1f} MiB; factors, inverses and batch buffers hold 3 sets)")
         for name, reason in self.skipped_layers:
             lines.append(f"not preconditioned: {name} ({reason})")
+        if self.communicator is not None:
+            owned = sum(s.a_dim ** 2 + s.g_dim ** 2 for s, mine in zip(self.layer_specs, self._owned) if mine)
+            lines.append(f"distributed: rank {self.communicator.rank} of {self.communicator.world_size} owns "
+                         f"{len(self.owned_layers)} layers [{', '.join(self.owned_layers)}], {owned:,} floats per "
+                         "factor set (the others hold 1x1 placeholders; batch buffers stay whole)")
         return "\n".join(lines)
