@@ -225,3 +225,20 @@ def test_float16_network_keeps_float32_factors():
         assert a.dtype == np.float32 and g.dtype == np.float32
         assert np.isfinite(a).all() and np.isfinite(g).all() and np.abs(g).max() > 0
     assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
+
+
+def test_first_layer_g_is_the_current_steps():
+    # the first layer's G is written by the last hook of the backward pass; the fold must read it after
+    # the gradients (before the fix it read the previous step's G from step 1 on)
+    from nets import ConvNet
+    ms.set_seed(0)
+    net = ConvNet(2, 3, 3, 1, "same", 0, 1, True, 3 * 5 * 5)
+    opt = ngd.KFAC(net, learning_rate=0.1, factor_decay=0.0, inverse_update_interval=2, verbose=False)
+    step = train_step(net, opt)
+    for i in range(4):
+        x, y = batch(i, classes=4)
+        expected = ngd.kronecker_factors(net, CE, x, y)
+        step(x, y)
+        for layer, (a, g) in opt.kronecker_factors().items():
+            np.testing.assert_allclose(a, expected[layer][0], rtol=1e-5, atol=1e-7, err_msg=f"step {i} {layer}")
+            np.testing.assert_allclose(g, expected[layer][1], rtol=1e-5, atol=1e-7, err_msg=f"step {i} {layer}")

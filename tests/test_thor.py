@@ -209,3 +209,19 @@ def test_thor_trains_the_digits_cnn_on_cpu_in_model_train():
     result = model.eval(array_dataset(x_test, y_test, 64, shuffle=False, drop_remainder=False))
     assert result["acc"] > 0.85, result
 
+
+
+def test_trace_rule_captures_on_the_step_after_a_probe_only():
+    # probes at refresh points 2, 4, 6; captures at 0 and after a probe (every statistic moves with a
+    # threshold of 1e-9) -- for every layer, not only the first (whose probe flag the others read)
+    ms.set_seed(0)
+    net = BNNet()
+    opt = ngd.THOR(net, 0.05, 1e-2, frequency=2, trace_threshold=1e-9, verbose=False)
+    step = train_step(net, opt)
+    captured, probed = [], []
+    for i in range(7):
+        captured.append([bool(c.capture_a.asnumpy()) and bool(c.capture_g.asnumpy()) for c in opt.captures])
+        probed.append([bool(c.trace_a.asnumpy()) for c in opt.captures])
+        step(*batch(i))
+    assert captured == [[i in (0, 3, 5)] * 2 for i in range(7)]
+    assert probed == [[i in (2, 4, 6)] * 2 for i in range(7)]

@@ -185,7 +185,10 @@ class LayerCapture(nn.Cell):
         if self.traces_enabled:
             if self.trace_g:
                 ops.assign(self.g_trace, factors.output_trace(dy, self.g_scale, self.is_conv))
-        return dy
+            dy = ops.depend(dy, self.g_trace)
+        # the gradient flowing on waits for the buffer write: without this the optimizer could read
+        # the first layer's G (the last hook of the backward pass) before it is written (measured)
+        return ops.depend(dy, self.g_batch)
 
 
 @dataclass(frozen=True)
@@ -250,7 +253,7 @@ class NormCapture(nn.Cell):
     def save_fisher(self, probe_grad):
         if self.capture_f:
             ops.assign(self.f_batch, factors.unit_fisher(probe_grad, self.g_scale))
-        return probe_grad
+        return ops.depend(probe_grad, self.f_batch)     # ordered before the optimizer's read (as G)
 
     def probe(self, x, y, gamma):
         # the hook sits outside the branch: a hook inside a value-returning branch fails to compile

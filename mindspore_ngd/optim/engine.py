@@ -17,6 +17,19 @@ One training step, in the order of :meth:`NGDOptimizer.construct`:
 
 K-FAC, SP-NGD and THOR differ only in the :class:`Policy` and in the two refresh hooks
 (:meth:`NGDOptimizer._capture_next` and :meth:`NGDOptimizer._inverse_due`).
+
+Distributed (``msrun`` + ``DATA_PARALLEL``; see :mod:`mindspore_ngd.parallel.comm`): the gradients
+reach the optimizer already averaged over the ranks; each preconditioned layer is owned by
+``grad_worker_fraction * N`` ranks (:func:`mindspore_ngd.parallel.plan_ownership`, a Python constant
+per layer). Step 2 packs every layer's batch factors into one buffer, sums it across the ranks and
+divides by N (the factors are per-rank means over equal local batches), and only the owners fold,
+invert (step 3) and precondition (step 4) a layer; the preconditioned gradients are then gathered so
+that every rank has every layer and steps 5-7 run identically everywhere (same weights on every
+rank). Non-owned layers hold (1, 1) placeholder factors and inverses. Every run-time decision
+(which statistic was taken, relative changes, THOR's trace test) is made identical on all ranks by
+summing the owners' values (``share``) -- a rank entering a branch with a collective that another
+rank skips would deadlock. With one rank, or without ``mindspore.communication.init()``, none of this
+is in the graph.
 """
 import logging
 from dataclasses import dataclass
@@ -29,6 +42,8 @@ from mindspore import nn, ops, Parameter, ParameterTuple, Tensor
 
 from .. import _validate
 from ..capture import LayerCapture, NormCapture, attach, find_batchnorms, find_layers
+from ..parallel import comm as parallel_comm
+from ..parallel.plan import BALANCES
 from ..curvature import factors as fac
 from ..curvature import blocks as blk
 from ..curvature import inverse as inv_ops
@@ -123,12 +138,24 @@ class NGDOptimizer(nn.Optimizer):
         nesterov (bool): Nesterov momentum, as ``nn.Momentum(use_nesterov=...)``.
         decay_filter (callable): ``Parameter -> bool``; default :func:`default_decay_filter`.
         skip_layers (iterable of str): cell names of Dense/Conv2d layers to leave un-preconditioned.
-        verbose (bool): log one line naming the preconditioned and the plain-update layers.
+        verbose (bool): log one line naming the preconditioned and the plain-update layers (and,
+            distributed, one naming the collectives).
+        distributed: "auto" (default) -- distributed when ``mindspore.communication`` is initialised
+            with more than one rank and the parallel mode is ``DATA_PARALLEL`` (single-device
+            behaviour otherwise); True -- distributed, raising if communication is not initialised or
+            the mode is not ``DATA_PARALLEL``; False -- never communicate (each rank's own factors;
+            raises under ``DATA_PARALLEL``, where the ranks' weights would drift apart).
+        grad_worker_fraction: fraction ``f`` of the ranks that own (fold, invert, precondition)
+            each layer, ``k / N`` with ``k`` dividing N; None is ``1/N`` (one owner per layer: factor
+            and inverse memory ~1/N per rank); 1 makes every rank invert every layer (no gather).
+        balance (str): "compute" balances the owners' inversion work (``a^3 + g^3`` per layer),
+            "memory" their factor memory (``a^2 + g^2``).
     """
 
     def __init__(self, network, learning_rate, damping=1e-3, momentum=0.9, weight_decay=0.0,
                  factor_decay=0.95, loss_scale=1.0, policy=Policy(), nesterov=False,
-                 decay_filter=None, skip_layers=(), verbose=True):
+                 decay_filter=None, skip_layers=(), verbose=True, distributed="auto", grad_worker_fraction=None,
+                 balance="compute"):
         if not isinstance(network, nn.Cell):
             raise TypeError(f"network must be a mindspore.nn.Cell, got {type(network).__name__}")
         learning_rate = check_positive_schedule("learning_rate", learning_rate)
@@ -163,6 +190,10 @@ class NGDOptimizer(nn.Optimizer):
         if not specs:
             raise ValueError("network has no nn.Dense or nn.Conv2d layer that can be preconditioned"
                              + (f" (skipped: {skipped})" if skipped else ""))
+        _validate.one_of("balance", balance, BALANCES)
+        comm = parallel_comm.resolve(distributed, specs, grad_worker_fraction, balance, policy.split_dim,
+                                     owner=type(self).__name__)
+        owned = comm.owned if comm is not None else (True,) * len(specs)
 
         super().__init__(learning_rate, params, weight_decay=0.0, loss_scale=loss_scale)
         self.policy = policy
@@ -208,24 +239,28 @@ class NGDOptimizer(nn.Optimizer):
         self.moments = self._parameters.clone(prefix=f"{prefix}.moments", init="zeros")
         self.captures = nn.CellList([LayerCapture(s, prefix, loss_scale) for s in specs], auto_prefix=False)
 
-        def square(dim, name, fill=0.0):
+        # a layer this rank does not own (distributed) keeps (1, 1) placeholders of its factors and inverses
+        self._owned = owned
+
+        def square(dim, name, fill=0.0, mine=True):
+            dim = dim if mine else 1
             return Parameter(Tensor(np.eye(dim, dtype=np.float32) * fill), name=name, requires_grad=False)
 
-        self.a_factors = ParameterTuple([square(s.a_dim, f"{prefix}.{s.name}.A") for s in specs])
-        self.g_factors = ParameterTuple([square(s.g_dim, f"{prefix}.{s.name}.G") for s in specs])
+        self.a_factors = ParameterTuple([square(s.a_dim, f"{prefix}.{s.name}.A", mine=o) for s, o in zip(specs, owned)])
+        self.g_factors = ParameterTuple([square(s.g_dim, f"{prefix}.{s.name}.G", mine=o) for s, o in zip(specs, owned)])
         self._a_layouts = tuple(blk.BlockLayout.of(s.a_dim, policy.split_dim) for s in specs)
         self._g_layouts = tuple(blk.BlockLayout.of(s.g_dim, policy.split_dim) for s in specs)
 
-        def identity_inverse(layout, name):
-            if layout.count == 1:
-                return square(layout.dim, name, 1.0)
+        def identity_inverse(layout, name, mine):
+            if layout.count == 1 or not mine:
+                return square(layout.dim, name, 1.0, mine)
             eye = np.broadcast_to(np.eye(layout.size, dtype=np.float32), (layout.count, layout.size, layout.size))
             return Parameter(Tensor(np.ascontiguousarray(eye)), name=name, requires_grad=False)
 
-        self.a_inverses = ParameterTuple([identity_inverse(lay, f"{prefix}.{s.name}.A_inv")
-                                          for s, lay in zip(specs, self._a_layouts)])
-        self.g_inverses = ParameterTuple([identity_inverse(lay, f"{prefix}.{s.name}.G_inv")
-                                          for s, lay in zip(specs, self._g_layouts)])
+        self.a_inverses = ParameterTuple([identity_inverse(lay, f"{prefix}.{s.name}.A_inv", o)
+                                          for s, lay, o in zip(specs, self._a_layouts, owned)])
+        self.g_inverses = ParameterTuple([identity_inverse(lay, f"{prefix}.{s.name}.G_inv", o)
+                                          for s, lay, o in zip(specs, self._g_layouts, owned)])
         self.a_updates = ParameterTuple([Parameter(Tensor(0, ms.int32), name=f"{prefix}.{s.name}.A_updates",
                                                    requires_grad=False) for s in specs])
         self.g_updates = ParameterTuple([Parameter(Tensor(0, ms.int32), name=f"{prefix}.{s.name}.G_updates",
@@ -249,6 +284,7 @@ class NGDOptimizer(nn.Optimizer):
                                            requires_grad=False)
         self.num_layers = len(specs)
         self.num_params = len(params)
+        self._init_parallel(comm, prefix, verbose)
 
         # MCFisherTrainStep sets this (Python side) before the training graph compiles
         self.mc_driver = False
@@ -267,6 +303,37 @@ class NGDOptimizer(nn.Optimizer):
             logger.info("%s: preconditioning %d layers [%s]; plain momentum update for %d parameters [%s]%s",
                         type(self).__name__, len(specs), ", ".join(s.name for s in specs), len(plain),
                         ", ".join(plain), skipped_text + skipped_norms)
+
+    def _init_parallel(self, comm, prefix, verbose):
+        """Distributed state: the collectives cell, the ownership record checked by
+        :func:`mindspore_ngd.parallel.check_checkpoint`, and per-layer inversion counts."""
+        self.communicator = comm
+        self.parallel_plan = None if comm is None else comm.plan
+        self._parallel = None
+        self._gather = False
+        if comm is None:
+            return
+        plan = comm.plan
+
+        def record(value, name):
+            return Parameter(Tensor(np.asarray(value, np.int32)), name=f"{prefix}.parallel.{name}", requires_grad=False)
+
+        self.parallel_world_size = record(plan.world_size, "world_size")
+        self.parallel_grad_workers = record(plan.grad_workers, "grad_workers")
+        self.parallel_position = record(comm.position, "position")
+        self.parallel_owner_positions = record(plan.positions, "owner_positions")
+        # how many times this rank computed each layer's inverses (0 for the layers it does not own)
+        self.inversions = record(np.zeros(self.num_layers), "inversions")
+        self._owned_mask = Tensor(np.asarray(self._owned, np.int32))
+        self._parallel = comm.ops(replicated=sum(3 * s.channels for s in self.norm_specs))
+        self._gather = comm.gather_collective is not None
+        if verbose:
+            logger.info("%s: %s", type(self).__name__, comm.describe())
+
+    @property
+    def owned_layers(self):
+        """Names of the preconditioned layers this rank owns (all of them on a single device)."""
+        return tuple(s.name for s, mine in zip(self.layer_specs, self._owned) if mine)
 
     # ------------------------------------------------------------------ refresh policy hooks
     def _capture_next(self, next_step):
@@ -309,10 +376,6 @@ class NGDOptimizer(nn.Optimizer):
         return step
 
     # ------------------------------------------------------------------ pipeline stages
-    def _reduce_factor(self, batch_factor):
-        """Combine a batch factor across devices before it is averaged (single device: as is)."""
-        return batch_factor
-
     # Every state Parameter is written in the main graph, never inside a run-time branch: the
     # branches below return new values. MindSpore 2.10 (graph mode) disconnects a Parameter that
     # is assigned inside an ``if`` on a tensor from its host value, so ``load_param_into_net`` after
@@ -345,7 +408,6 @@ class NGDOptimizer(nn.Optimizer):
 
     def _fold(self, average, updates, batch, captured):
         """Moving average of one statistic: (new average, new update count, 1 if rejected, change)."""
-        batch = self._reduce_factor(batch)
         finite = ops.isfinite(batch).all()
         take = ops.logical_and(captured, finite)
         blended = self.factor_decay * average + (1.0 - self.factor_decay) * batch
@@ -356,17 +418,24 @@ class NGDOptimizer(nn.Optimizer):
         change = self._relative_change(new, average, take) if self.policy.track_changes else None
         return new, updates + ops.cast(take, ms.int32), rejected, change
 
-    def _folded_state(self, state):
-        """(new factor state, per-layer flag 'A or G of this layer was updated', changes)."""
+    def _folded_state(self, state, token):
+        """(new factor state, per-layer flag 'A or G of this layer was updated', changes).
+
+        ``token``: a value computed from every gradient. The batch statistics are read after it: the
+        first layer's G is written by the last hook of the backward pass, and without this data
+        dependency the fold read the previous step's G (measured, MindSpore 2.10 CPU). Distributed,
+        it also puts the factor collectives after the data-parallel gradient all-reduce on every rank."""
+        a_batches, g_batches, f_batches = self._batch_statistics(token)
+        if self._parallel is not None:
+            return self._folded_state_parallel(state, a_batches, g_batches, f_batches)
         a_factors, g_factors, a_updates, g_updates, faults = state[:5]
         masks, norm_masks = self._fold_masks(state)
         new_a, new_g, new_au, new_gu, refreshed = (), (), (), (), ()
         a_changes, g_changes, f_changes = (), (), ()
         for k in range(self.num_layers):
-            capture = self.captures[k]
             take_a, take_g = masks[k]
-            a, au, a_bad, a_change = self._fold(a_factors[k], a_updates[k], capture.a_batch, take_a)
-            g, gu, g_bad, g_change = self._fold(g_factors[k], g_updates[k], capture.g_batch, take_g)
+            a, au, a_bad, a_change = self._fold(a_factors[k], a_updates[k], a_batches[k], take_a)
+            g, gu, g_bad, g_change = self._fold(g_factors[k], g_updates[k], g_batches[k], take_g)
             new_a += (a,)
             new_g += (g,)
             new_au += (au,)
@@ -375,19 +444,102 @@ class NGDOptimizer(nn.Optimizer):
             g_changes += (g_change,)
             refreshed += (ops.logical_or(au > a_updates[k], gu > g_updates[k]),)
             faults = faults + a_bad + g_bad
-        new_norms = ()
-        if self.num_norms:
-            norm_factors, norm_updates = state[5], state[6]
-            new_f, new_fu = (), ()
-            for j in range(self.num_norms):
-                f, fu, f_bad, f_change = self._fold(norm_factors[j], norm_updates[j],
-                                                    self.norm_captures[j].f_batch, norm_masks[j])
-                new_f += (f,)
-                new_fu += (fu,)
-                f_changes += (f_change,)
-                faults = faults + f_bad
-            new_norms = (new_f, new_fu)
+        new_norms, f_changes, faults = self._folded_norms(state, norm_masks, f_batches, faults)
         changes = ops.stack(a_changes + g_changes + f_changes) if self.policy.track_changes else self._no_changes()
+        return (new_a, new_g, new_au, new_gu, faults) + new_norms, refreshed, changes
+
+    def _batch_statistics(self, token):
+        """The captured batch A, G and BatchNorm F buffers, read after ``token``."""
+        a_batches, g_batches, f_batches = (), (), ()
+        for capture in self.captures:
+            a_batches += (ops.depend(capture.a_batch, token),)
+            g_batches += (ops.depend(capture.g_batch, token),)
+        for capture in self.norm_captures:
+            f_batches += (ops.depend(capture.f_batch, token),)
+        return a_batches, g_batches, f_batches
+
+    def _folded_norms(self, state, norm_masks, batches, faults):
+        """Fold the BatchNorm unit-wise Fishers: (new (F, F updates) or (), changes, faults)."""
+        if not self.num_norms:
+            return (), (), faults
+        norm_factors, norm_updates = state[5], state[6]
+        new_f, new_fu, f_changes = (), (), ()
+        for j in range(self.num_norms):
+            f, fu, f_bad, f_change = self._fold(norm_factors[j], norm_updates[j], batches[j], norm_masks[j])
+            new_f += (f,)
+            new_fu += (fu,)
+            f_changes += (f_change,)
+            faults = faults + f_bad
+        return (new_f, new_fu), f_changes, faults
+
+    def _folded_state_parallel(self, state, a_batches, g_batches, f_batches):
+        """Distributed fold: all ranks' batch factors summed (packed triangles, one collective), the
+        owned layers folded, then the per-statistic outcome (taken, rejected, relative change) shared
+        so that update counts, ``refreshed`` and ``changes`` are identical on every rank. BatchNorm
+        Fishers are small: summed whole and folded by every rank."""
+        a_factors, g_factors, a_updates, g_updates, faults = state[:5]
+        masks, norm_masks = self._fold_masks(state)
+        par = self._parallel
+        layers = self.num_layers
+        flat = par.pack_factors(a_batches, g_batches)
+        scale = 1.0 / par.world_size            # per-rank means over equal local batches -> global mean
+        norm_batches = ()
+        if self.num_norms:
+            pieces = ()
+            for f_batch in f_batches:
+                pieces += (f_batch.reshape(-1),)
+            chunk, replicated = par.reduce_factors(flat, ops.concat(pieces))
+            replicated = replicated * scale
+            start = 0
+            for spec in self.norm_specs:
+                norm_batches += (replicated[start:start + 3 * spec.channels].reshape(spec.channels, 3),)
+                start += 3 * spec.channels
+        else:
+            chunk = par.reduce_factors(flat, None)
+        chunk = chunk * scale
+        zero = ops.zeros((), ms.float32)
+        new_a, new_g, a_changes, g_changes = (), (), (), ()
+        a_taken, g_taken, a_rejected, g_rejected = (), (), (), ()
+        for k in range(layers):
+            if self._owned[k]:
+                take_a, take_g = masks[k]
+                a, au, a_bad, a_change = self._fold(a_factors[k], a_updates[k], par.unpack_factor(chunk, k, 0), take_a)
+                g, gu, g_bad, g_change = self._fold(g_factors[k], g_updates[k], par.unpack_factor(chunk, k, 1), take_g)
+                a_taken += (ops.cast(au - a_updates[k], ms.float32),)
+                g_taken += (ops.cast(gu - g_updates[k], ms.float32),)
+                a_rejected += (ops.cast(a_bad, ms.float32),)
+                g_rejected += (ops.cast(g_bad, ms.float32),)
+            else:
+                a, g, a_change, g_change = a_factors[k], g_factors[k], zero, zero
+                a_taken += (zero,)
+                g_taken += (zero,)
+                a_rejected += (zero,)
+                g_rejected += (zero,)
+            new_a += (a,)
+            new_g += (g,)
+            a_changes += (a_change,)
+            g_changes += (g_change,)
+        status = a_taken + g_taken + a_rejected + g_rejected
+        if self.policy.track_changes:
+            status += a_changes + g_changes
+        # every statistic has grad_workers owners, all computing the same values; the share waits for
+        # the factor collective (a rank owning nothing would otherwise issue it first: size mismatch)
+        shared = par.share(ops.depend(ops.stack(status), chunk)) / par.grad_workers
+        stats = 2 * layers
+        took = shared[:stats] > 0.5
+        new_au, new_gu, refreshed = (), (), ()
+        for k in range(layers):
+            new_au += (a_updates[k] + ops.cast(took[k], ms.int32),)
+            new_gu += (g_updates[k] + ops.cast(took[layers + k], ms.int32),)
+            refreshed += (ops.logical_or(took[k], took[layers + k]),)
+        faults = faults + ops.cast(shared[stats:2 * stats].sum() + 0.5, ms.int32)
+        new_norms, f_changes, faults = self._folded_norms(state, norm_masks, norm_batches, faults)
+        if self.policy.track_changes:
+            changes = shared[2 * stats:]
+            if self.num_norms:
+                changes = ops.concat((changes, ops.stack(f_changes)))
+        else:
+            changes = self._no_changes()
         return (new_a, new_g, new_au, new_gu, faults) + new_norms, refreshed, changes
 
     def _nothing_refreshed(self):
@@ -418,9 +570,13 @@ class NGDOptimizer(nn.Optimizer):
         return ops.stack(flags).any()
 
     def _inverse_state(self):
-        """(A inverses, G inverses, has-inverse flags, fault count, refresh count) as stored."""
-        return (tuple(self.a_inverses), tuple(self.g_inverses), tuple(self.has_inverse), self.inverse_faults,
-                self.inverse_refreshes)
+        """(A inverses, G inverses, has-inverse flags, fault count, refresh count[, per-layer inversion
+        counts when distributed]) as stored."""
+        state = (tuple(self.a_inverses), tuple(self.g_inverses), tuple(self.has_inverse), self.inverse_faults,
+                 self.inverse_refreshes)
+        if self._parallel is not None:
+            state += (self.inversions,)
+        return state
 
     def _invert(self, factor, shift, layout):
         """Damped inverse of a sanitized factor: dense, or block-diagonal when the layout splits."""
@@ -453,47 +609,63 @@ class NGDOptimizer(nn.Optimizer):
         return ready
 
     def _refreshed_state(self, state, factor_state, damping, layers):
-        a_inverses, g_inverses, has_inverse, faults, refreshes = state
+        a_inverses, g_inverses, has_inverse, faults, refreshes = state[:5]
         a_factors, g_factors = factor_state[:2]
         new_a, new_g, new_has = (), (), ()
         for k in range(self.num_layers):
-            a_inv, g_inv, take, fault = self._refreshed_layer(k, a_factors[k], g_factors[k],
-                                                              self._layer_ready(factor_state, layers, k),
-                                                              damping, a_inverses[k], g_inverses[k])
+            if self._owned[k]:
+                a_inv, g_inv, take, fault = self._refreshed_layer(k, a_factors[k], g_factors[k],
+                                                                  self._layer_ready(factor_state, layers, k),
+                                                                  damping, a_inverses[k], g_inverses[k])
+                has = ops.logical_or(has_inverse[k], take)
+                faults = faults + fault
+            else:                           # distributed: another rank inverts it
+                a_inv, g_inv, has = a_inverses[k], g_inverses[k], has_inverse[k]
             new_a += (a_inv,)
             new_g += (g_inv,)
-            new_has += (ops.logical_or(has_inverse[k], take),)
-            faults = faults + fault
+            new_has += (has,)
+        if self._parallel is not None:
+            return new_a, new_g, new_has, faults, refreshes + 1, state[5] + self._owned_mask
         return new_a, new_g, new_has, faults, refreshes + 1
 
     def _refreshed_per_layer(self, state, factor_state, damping, layers):
         """Like :meth:`_refreshed_state`, but each layer's inversion is its own single-level run-time
         branch, so a step that refreshes one layer's statistics inverts only that layer (SP-NGD,
-        THOR's trace rule). Costs one branch dispatch per layer per step."""
-        a_inverses, g_inverses, has_inverse, faults, refreshes = state
+        THOR's trace rule). Costs one branch dispatch per owned layer per step."""
+        a_inverses, g_inverses, has_inverse, faults, refreshes = state[:5]
         a_factors, g_factors = factor_state[:2]
-        new_a, new_g, new_has = (), (), ()
+        new_a, new_g, new_has, counts = (), (), (), ()
         for k in range(self.num_layers):
-            a_inv, g_inv = a_inverses[k], g_inverses[k]
-            take, fault = ops.zeros((), ms.bool_), ops.zeros((), ms.int32)
-            ready = self._layer_ready(factor_state, layers, k)
-            if ready:
-                a_inv, g_inv, take, fault = self._refreshed_layer(k, a_factors[k], g_factors[k], ready, damping,
-                                                                  a_inv, g_inv)
+            a_inv, g_inv, has = a_inverses[k], g_inverses[k], has_inverse[k]
+            inverted = ops.zeros((), ms.int32)
+            if self._owned[k]:
+                take, fault = ops.zeros((), ms.bool_), ops.zeros((), ms.int32)
+                ready = self._layer_ready(factor_state, layers, k)
+                if ready:
+                    a_inv, g_inv, take, fault = self._refreshed_layer(k, a_factors[k], g_factors[k], ready,
+                                                                      damping, a_inv, g_inv)
+                has = ops.logical_or(has, take)
+                faults = faults + fault
+                inverted = ops.cast(ready, ms.int32)
             new_a += (a_inv,)
             new_g += (g_inv,)
-            new_has += (ops.logical_or(has_inverse[k], take),)
-            faults = faults + fault
-        return new_a, new_g, new_has, faults, refreshes + ops.cast(ops.stack(layers).any(), ms.int32)
+            new_has += (has,)
+            counts += (inverted,)
+        refreshes = refreshes + ops.cast(ops.stack(layers).any(), ms.int32)
+        if self._parallel is not None:
+            return new_a, new_g, new_has, faults, refreshes, state[5] + ops.stack(counts)
+        return new_a, new_g, new_has, faults, refreshes
 
     def _store_inverse_state(self, state):
-        a_inverses, g_inverses, has_inverse, faults, refreshes = state
+        a_inverses, g_inverses, has_inverse, faults, refreshes = state[:5]
         for k in range(self.num_layers):
             ops.assign(self.a_inverses[k], a_inverses[k])
             ops.assign(self.g_inverses[k], g_inverses[k])
             ops.assign(self.has_inverse[k], has_inverse[k])
         ops.assign(self.inverse_faults, faults)
         ops.assign(self.inverse_refreshes, refreshes)
+        if self._parallel is not None:
+            ops.assign(self.inversions, state[5])
 
     def _layer_gradient(self, gradients, k):
         grad = gradients[self._weight_index[k]]
@@ -525,19 +697,34 @@ class NGDOptimizer(nn.Optimizer):
             pairs += ((ops.select(known, pre_gamma, grad_gamma), ops.select(known, pre_beta, grad_beta)),)
         return pairs
 
-    def _precondition(self, gradients, lr, inverse_state, factor_state):
-        """Preconditioned gradient matrices of all layers and BatchNorm (gamma, beta) pairs, KL-clipped."""
+    def _layer_matrices(self, gradients, inverse_state, token):
+        """Preconditioned ``(g_dim, a_dim)`` matrix of every layer.
+
+        Distributed: the owned layers are preconditioned here, packed into this rank's chunk and
+        gathered (the gather waits for ``token``, the outcome of the factor collectives)."""
         # No select on has_inverse: until a layer's first accepted refresh its inverses are still the
         # identity they were initialised to (a refresh that is not taken keeps the old value), and
         # I @ dW @ I == dW exactly for a finite dW (a non-finite step is discarded anyway).
-        a_inverses, g_inverses, _, _, _ = inverse_state
-        matrices = ()
+        a_inverses, g_inverses = inverse_state[0], inverse_state[1]
+        own = ()
+        for k in range(self.num_layers):
+            if self._owned[k]:
+                own += (self._apply_inverses(g_inverses[k], self._layer_gradient(gradients, k), a_inverses[k], k),)
+        if not self._gather:
+            return own
+        par = self._parallel
+        chunk = ops.depend(par.pack_preconditioned(own), token)
+        return par.unpack_preconditioned(par.gather_preconditioned(chunk))
+
+    def _precondition(self, gradients, lr, inverse_state, factor_state):
+        """Preconditioned gradient matrices of all layers and BatchNorm (gamma, beta) pairs, KL-clipped.
+
+        Distributed, every rank ends with the same matrices (and the same gradients), so the KL
+        clipping factor is identical on every rank."""
+        matrices = self._layer_matrices(gradients, inverse_state, factor_state[4])
         dots = ()
         for k in range(self.num_layers):
-            matrix = self._layer_gradient(gradients, k)
-            pre = self._apply_inverses(g_inverses[k], matrix, a_inverses[k], k)
-            dots += ((pre * matrix).sum(),)
-            matrices += (pre,)
+            dots += ((matrices[k] * self._layer_gradient(gradients, k)).sum(),)
         pairs = self._precondition_norms(gradients, factor_state)
         for j in range(self.num_norms):
             grad_gamma = ops.cast(gradients[self._gamma_index[j]], ms.float32)
@@ -604,7 +791,7 @@ class NGDOptimizer(nn.Optimizer):
         refreshed = self._nothing_refreshed()
         changes = self._no_changes()
         if self._any_captured():
-            factor_state, refreshed, changes = self._folded_state(factor_state)
+            factor_state, refreshed, changes = self._folded_state(factor_state, finite)
         self._store_factor_state(factor_state)
         damping = self.damping(self.global_step)          # read in the main graph (see above)
         if self.policy.damping_floor > 0:
@@ -637,6 +824,9 @@ class NGDOptimizer(nn.Optimizer):
             success += (self.apply_momentum(param, self.moments[i], ops.cast(lr_eff, param.dtype), grad,
                                             ops.cast(momentum_eff, param.dtype)),)
         ops.assign_add(self.skipped_steps, ops.cast(ops.logical_not(finite), ms.int32))
+        # the policy's decisions read statistics written late in the backward pass (THOR's traces) and,
+        # distributed, may hold a collective that must follow the gather: after every update
+        step = ops.depend(step, success)
         step = self._after_step(step, refreshed, changes)
         self._capture_next(step + 1)
         ops.assign_add(self.global_step, self.global_step_increase_tensor)
@@ -644,9 +834,20 @@ class NGDOptimizer(nn.Optimizer):
 
     # ------------------------------------------------------------------ inspection (Python side)
     def kronecker_factors(self):
-        """``{layer_name: (A, G)}``: the current moving-average factors as NumPy arrays."""
+        """``{layer_name: (A, G)}``: the current moving-average factors as NumPy arrays (distributed:
+        of the layers this rank owns)."""
         return {s.name: (self.a_factors[k].asnumpy(), self.g_factors[k].asnumpy())
-                for k, s in enumerate(self.layer_specs)}
+                for k, s in enumerate(self.layer_specs) if self._owned[k]}
+
+    def parallel_state(self):
+        """Distributed: ``{"world_size", "rank", "position", "owned_layers", "inversions": {layer: count}}``
+        (inversions: how many times this rank computed each layer's inverses); None on one device."""
+        if self.communicator is None:
+            return None
+        counts = self.inversions.asnumpy()
+        return {"world_size": self.communicator.world_size, "rank": self.communicator.rank,
+                "position": self.communicator.position, "owned_layers": list(self.owned_layers),
+                "inversions": {s.name: int(counts[k]) for k, s in enumerate(self.layer_specs)}}
 
     def decayed_parameters(self):
         """Names of the parameters that receive weight decay."""
@@ -674,4 +875,9 @@ class NGDOptimizer(nn.Optimizer):
                      f"({4 * floats / 2 ** 20:.1f} MiB; factors, inverses and batch buffers hold 3 sets)")
         for name, reason in self.skipped_layers:
             lines.append(f"not preconditioned: {name} ({reason})")
+        if self.communicator is not None:
+            owned = sum(s.a_dim ** 2 + s.g_dim ** 2 for s, mine in zip(self.layer_specs, self._owned) if mine)
+            lines.append(f"distributed: rank {self.communicator.rank} of {self.communicator.world_size} owns "
+                         f"{len(self.owned_layers)} layers [{', '.join(self.owned_layers)}], {owned:,} floats per "
+                         "factor set (the others hold 1x1 placeholders; batch buffers stay whole)")
         return "\n".join(lines)

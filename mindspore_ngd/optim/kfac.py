@@ -46,6 +46,10 @@ class KFAC(NGDOptimizer):
             from the model's predictive distribution; train with
             :class:`mindspore_ngd.MCFisherTrainStep`).
         verbose (bool): log the preconditioned / plain layers on the "mindspore_ngd" logger.
+        distributed: "auto" (default), True or False; see :class:`mindspore_ngd.NGDOptimizer` and the
+            README's "Distributed training".
+        grad_worker_fraction: fraction of the ranks that own each layer (``k/N``); None is ``1/N``.
+        balance (str): "compute" (default) or "memory": what the layer ownership balances.
 
     Inputs:
         - **gradients** (tuple[Tensor]) - gradients of ``network.trainable_params()``.
@@ -67,11 +71,13 @@ class KFAC(NGDOptimizer):
     def __init__(self, network, learning_rate, damping=1e-3, momentum=0.9, weight_decay=0.0,
                  factor_decay=0.95, factor_update_interval=1, inverse_update_interval=20,
                  damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="cholesky",
-                 jitter=1e-6, nesterov=False, decay_filter=None, skip_layers=(), fisher="empirical", verbose=True):
+                 jitter=1e-6, nesterov=False, decay_filter=None, skip_layers=(), fisher="empirical", verbose=True,
+                 distributed="auto", grad_worker_fraction=None, balance="compute"):
         policy = Policy(name="kfac", factor_update_interval=factor_update_interval,
                         inverse_update_interval=inverse_update_interval, damping_split=damping_split,
                         inverse_method=inverse_method, kl_clip=kl_clip, jitter=jitter, fisher=fisher)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=nesterov, decay_filter=decay_filter,
-                         skip_layers=skip_layers, verbose=verbose)
+                         skip_layers=skip_layers, verbose=verbose, distributed=distributed,
+                         grad_worker_fraction=grad_worker_fraction, balance=balance)

@@ -67,6 +67,10 @@ class SPNGD(NGDOptimizer):
         decay_filter (callable): ``Parameter -> bool``; default decays parameters with 2+ dimensions.
         skip_layers (iterable of str): Dense/Conv2d cell names to leave un-preconditioned.
         verbose (bool): log the preconditioned layers. Default True.
+        distributed: "auto" (default), True or False; see :class:`mindspore_ngd.NGDOptimizer` and the
+            README's "Distributed training".
+        grad_worker_fraction: fraction of the ranks that own each layer (``k/N``); None is ``1/N``.
+        balance (str): "compute" (default) or "memory": what the layer ownership balances.
 
     State (Parameters, checkpointed): ``spngd.intervals``, ``spngd.next_refresh`` and
     ``spngd.refreshes`` are int32 vectors over :attr:`statistic_names` (A of every layer, G of every
@@ -84,7 +88,8 @@ class SPNGD(NGDOptimizer):
     def __init__(self, network, learning_rate, damping=1e-3, momentum=0.9, weight_decay=0.0, factor_decay=0.9,
                  stale=True, refresh_threshold=0.1, max_interval=64, batchnorm_damping=1e-3, fisher="empirical",
                  damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="cholesky", jitter=1e-6,
-                 nesterov=False, decay_filter=None, skip_layers=(), verbose=True):
+                 nesterov=False, decay_filter=None, skip_layers=(), verbose=True, distributed="auto",
+                 grad_worker_fraction=None, balance="compute"):
         if not isinstance(stale, bool):
             raise TypeError(f"stale must be a bool, got {type(stale).__name__}")
         self._threshold = _validate.positive_float("refresh_threshold", refresh_threshold)
@@ -98,7 +103,8 @@ class SPNGD(NGDOptimizer):
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=nesterov, decay_filter=decay_filter,
-                         skip_layers=skip_layers, verbose=verbose)
+                         skip_layers=skip_layers, verbose=verbose, distributed=distributed,
+                         grad_worker_fraction=grad_worker_fraction, balance=balance)
         count = self.num_statistics
         self.intervals = Parameter(Tensor(np.ones(count, np.int32)), name="spngd.intervals", requires_grad=False)
         self.next_refresh = Parameter(Tensor(np.zeros(count, np.int32)), name="spngd.next_refresh",

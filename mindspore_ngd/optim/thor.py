@@ -58,7 +58,12 @@ class THOR(NGDOptimizer):
     Extra arguments: ``split_dim`` (int >= 1 or None, default 128), ``trace_threshold`` (float > 0 or
     None, default None), ``frequency_growth`` (float >= 1, default 1), ``max_frequency`` (int or
     None), ``damping_split`` ("sqrt"), ``factor_decay`` (0: each refresh uses its own batch),
-    ``kl_clip`` (None), ``inverse_method`` ("cholesky" or "lu"), ``jitter`` (1e-6), ``verbose``.
+    ``kl_clip`` (None), ``inverse_method`` ("cholesky" or "lu"), ``jitter`` (1e-6), ``verbose``, and the
+    distributed knobs ``distributed`` ("auto"), ``grad_worker_fraction`` (None: 1/N) and ``balance``
+    ("compute"; ownership balanced on the block-split inversion cost), as
+    :class:`mindspore_ngd.NGDOptimizer`. Distributed with ``trace_threshold``, the batch traces are
+    averaged over the ranks and the owners of a layer decide whether its statistics moved; the
+    decisions are shared so that every rank captures the same statistics.
 
     Raises:
         TypeError, ValueError: for a bad argument, naming it and its allowed range.
@@ -68,7 +73,8 @@ class THOR(NGDOptimizer):
                  batch_size=None, use_nesterov=False, decay_filter=_decay_all, split_indices=None,
                  enable_clip_grad=False, frequency=100, split_dim=128, trace_threshold=None,
                  frequency_growth=1.0, max_frequency=None, damping_split="sqrt", factor_decay=0.0,
-                 kl_clip=None, inverse_method="cholesky", jitter=1e-6, verbose=True):
+                 kl_clip=None, inverse_method="cholesky", jitter=1e-6, verbose=True, distributed="auto",
+                 grad_worker_fraction=None, balance="compute"):
         frequency = _validate.positive_int("frequency", frequency)
         if batch_size is not None:
             _validate.positive_int("batch_size", batch_size)
@@ -88,7 +94,8 @@ class THOR(NGDOptimizer):
                         jitter=jitter, split_dim=split_dim, clip_norm=1.0 if enable_clip_grad else None)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
-                         policy=policy, nesterov=use_nesterov, decay_filter=decay_filter, verbose=verbose)
+                         policy=policy, nesterov=use_nesterov, decay_filter=decay_filter, verbose=verbose,
+                         distributed=distributed, grad_worker_fraction=grad_worker_fraction, balance=balance)
         self.interval = Parameter(Tensor(np.int32(frequency)), name="thor.interval", requires_grad=False)
         self.next_refresh = Parameter(Tensor(np.int32(0)), name="thor.next_refresh", requires_grad=False)
         self.layer_refreshes = Parameter(Tensor(np.zeros(self.num_layers, np.int32)),
@@ -116,17 +123,58 @@ class THOR(NGDOptimizer):
         # trace rule: a refresh point only probes traces; the next step captures the statistics whose
         # trace moved (every statistic before its first capture)
         probed = self.captures[0].trace_a
+        moved = None
+        if self._parallel is not None:
+            moved = ops.zeros((2 * self.num_layers,), ms.bool_)
+            if probed:                      # identical on every rank (set from the step)
+                moved = self._shared_trace_moves(next_step)
+        flags = ()
         for k in range(self.num_layers):
             capture = self.captures[k]
-            a_moved = ops.logical_or(self.a_updates[k] == 0, trace_changed(
-                capture.a_trace, ops.trace(self.a_factors[k]), self._trace_threshold))
-            g_moved = ops.logical_or(self.g_updates[k] == 0, trace_changed(
-                capture.g_trace, ops.trace(self.g_factors[k]), self._trace_threshold))
-            ops.assign(capture.capture_a, ops.logical_and(probed, a_moved))
-            ops.assign(capture.capture_g, ops.logical_and(probed, g_moved))
-            ops.assign(capture.trace_a, due)
-            ops.assign(capture.trace_g, due)
+            if self._parallel is None:
+                a_moved = ops.logical_or(self.a_updates[k] == 0, trace_changed(
+                    ops.depend(capture.a_trace, next_step), ops.trace(self.a_factors[k]), self._trace_threshold))
+                g_moved = ops.logical_or(self.g_updates[k] == 0, trace_changed(
+                    ops.depend(capture.g_trace, next_step), ops.trace(self.g_factors[k]), self._trace_threshold))
+            else:
+                a_moved, g_moved = moved[k], moved[self.num_layers + k]
+            flags += (ops.logical_and(probed, a_moved), ops.logical_and(probed, g_moved))
+        # the probe flags are overwritten only after every capture flag has used ``probed``: the read
+        # of ``trace_a`` is not a snapshot (measured: without this, layers after the first read the
+        # flag already set for the next step and captured on the probe step itself)
+        settled = ops.stack(flags)
+        for k in range(self.num_layers):
+            capture = self.captures[k]
+            ops.assign(capture.capture_a, flags[2 * k])
+            ops.assign(capture.capture_g, flags[2 * k + 1])
+            ops.assign(capture.trace_a, ops.depend(due, settled))
+            ops.assign(capture.trace_g, ops.depend(due, settled))
         return due
+
+    def _shared_trace_moves(self, token):
+        """Distributed trace test, identical on every rank: the batch traces are averaged over the
+        ranks and compared with the trace of the factor in use, which only the layer's owners hold
+        (one AllReduce of [batch traces, owners' factor traces or 0]). Returns a bool vector over
+        (A of every layer, G of every layer)."""
+        layers = self.num_layers
+        zero = ops.zeros((), ms.float32)
+        batch, stored = (), ()
+        for k in range(layers):
+            batch += (self.captures[k].a_trace,)
+            stored += (ops.trace(self.a_factors[k]) if self._owned[k] else zero,)
+        for k in range(layers):
+            batch += (self.captures[k].g_trace,)
+            stored += (ops.trace(self.g_factors[k]) if self._owned[k] else zero,)
+        vector = ops.depend(ops.stack(batch + stored), token)
+        par = self._parallel
+        total = par.share(vector)
+        moved = ()
+        for i in range(2 * layers):
+            updates = self.a_updates[i] if i < layers else self.g_updates[i - layers]
+            changed = trace_changed(total[i] / par.world_size, total[2 * layers + i] / par.grad_workers,
+                                    self._trace_threshold)
+            moved += (ops.logical_or(updates == 0, changed),)
+        return ops.stack(moved)
 
     def _after_step(self, step, refreshed, changes):
         captured = step >= self.next_refresh

@@ -1,0 +1,107 @@
+"""Training scenarios run both by the msrun workers (each rank on its slice of a fixed global batch)
+and by the test process (one device on the whole batch), for the distributed equivalence tests.
+
+``run_case(name, rank, world)`` builds the network with fixed weights, the optimizer of the case and
+an ``nn.TrainOneStepCell`` (under ``DATA_PARALLEL`` it all-reduces the gradients), trains, and
+returns the weights and the optimizer's counters.
+"""
+import numpy as np
+
+import mindspore as ms
+from mindspore import nn, Tensor
+
+import mindspore_ngd as ngd
+from nets import set_weights
+
+CE = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+GLOBAL_BATCH = 8
+CLASSES = 3
+
+
+class ThreeLayerNet(nn.Cell):
+    """conv(2->3, bias) -> ReLU -> Dense(48->6) -> ReLU -> Dense(6->3): three preconditioned layers of
+    different sizes (A: 19, 49, 7; G: 3, 6, 3), optionally a BatchNorm after the convolution."""
+
+    def __init__(self, batchnorm=False):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, pad_mode="same", has_bias=True)
+        self.bn = nn.BatchNorm2d(3) if batchnorm else nn.Identity()
+        self.relu = nn.ReLU()
+        self.flatten = nn.Flatten()
+        self.fc1 = nn.Dense(48, 6)
+        self.fc2 = nn.Dense(6, CLASSES)
+
+    def construct(self, x):
+        x = self.flatten(self.relu(self.bn(self.conv(x))))
+        return self.fc2(self.relu(self.fc1(x)))
+
+
+def global_batches(steps):
+    rng = np.random.default_rng(7)
+    return [(rng.standard_normal((GLOBAL_BATCH, 2, 4, 4)).astype(np.float32),
+             rng.integers(0, CLASSES, GLOBAL_BATCH).astype(np.int32)) for _ in range(steps)]
+
+
+def _kfac(net, **kw):
+    return ngd.KFAC(net, learning_rate=0.1, damping=1e-2, momentum=0.9, weight_decay=1e-3,
+                    inverse_update_interval=2, verbose=False, **kw)
+
+
+def _spngd(net, **kw):
+    return ngd.SPNGD(net, learning_rate=0.1, damping=1e-2, weight_decay=1e-3, refresh_threshold=0.3,
+                     max_interval=4, verbose=False, **kw)
+
+
+def _thor(net, **kw):
+    return ngd.THOR(net, 0.1, 1e-2, frequency=2, split_dim=16, verbose=False, **kw)
+
+
+def _thor_trace(net, **kw):
+    return ngd.THOR(net, 0.1, 1e-2, frequency=2, split_dim=None, trace_threshold=0.05, verbose=False, **kw)
+
+
+# name: (optimizer builder, steps, BatchNorm, extra optimizer arguments)
+CASES = {
+    "kfac": (_kfac, 4, False, {}),
+    "kfac_half": (_kfac, 3, False, {"grad_worker_fraction": 0.5}),     # 4 ranks: owner groups of 2
+    "kfac_f1": (_kfac, 3, False, {"grad_worker_fraction": 1}),
+    "spngd": (_spngd, 8, False, {}),
+    "spngd_bn": (_spngd, 4, True, {}),
+    "thor": (_thor, 5, False, {}),
+    "thor_trace": (_thor_trace, 8, False, {}),
+}
+
+
+def build(name, seed=0):
+    make, steps, batchnorm, extra = CASES[name]
+    ms.set_seed(seed)
+    net = ThreeLayerNet(batchnorm)
+    set_weights(net, np.random.default_rng(seed), scale=0.3)
+    opt = make(net, **extra)
+    return net, opt, steps
+
+
+def run_case(name, rank=0, world=1):
+    """Train case ``name`` on this rank's slice of every global batch; weights and counters."""
+    net, opt, steps = build(name)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, CE), opt)
+    step.set_train()
+    part = GLOBAL_BATCH // world
+    for x, y in global_batches(steps):
+        step(Tensor(x[rank * part:(rank + 1) * part]), Tensor(y[rank * part:(rank + 1) * part]))
+    out = {"weights": {p.name: p.asnumpy().copy() for p in net.trainable_params()},
+           "counters": opt.state_counters(), "owned": list(opt.owned_layers),
+           "factors": {k: [a.copy(), g.copy()] for k, (a, g) in opt.kronecker_factors().items()},
+           "updates": [[int(opt.a_updates[k].asnumpy()), int(opt.g_updates[k].asnumpy())]
+                       for k in range(opt.num_layers)]}
+    if hasattr(opt, "refresh_state"):
+        out["refresh"] = {k: list(v) for k, v in opt.refresh_state().items()}
+    if opt.parallel_plan is not None:
+        out["parallel"] = opt.parallel_state()
+        out["plan_positions"] = list(opt.parallel_plan.positions)
+        out["plan_text"] = str(opt.parallel_plan)
+        out["summary"] = opt.summary()
+        out["factor_shapes"] = {s.name: [list(opt.a_factors[k].shape), list(opt.g_factors[k].shape),
+                                         list(opt.a_inverses[k].shape), list(opt.g_inverses[k].shape)]
+                                for k, s in enumerate(opt.layer_specs)}
+    return out, net, opt
