@@ -514,11 +514,10 @@ def test_eval_reads_the_checkpoint(kfac_run, tmp_path):
 
 @pytest.mark.distributed
 def test_distributed_script_trains_kfac_on_two_workers(tmp_path):
-    """msrun with 2 CPU workers: both ranks train on their shard and write checkpoints; eval reads one.
-
-    Until the optimizers reduce Kronecker factors across ranks (issue 5) the ranks' weights may
-    differ (gradients are averaged, factors are per rank), so only that is not checked.
-    """
+    """msrun with 2 CPU workers: both ranks train on their shard, K-FAC reduces the factors to their
+    owners and gathers the preconditioned gradients, so every trainable weight (and momentum) is the
+    same on both ranks; both write checkpoints and eval reads one. (BatchNorm moving statistics are
+    per rank: each normalises its own shard.)"""
     result = _bash("run_distribute_train.sh", "2", "cpu_smoke", "synthetic", "--optimizer", "kfac", "--epoch_size", "1",
                    "--eval_interval", "0", "--output_dir", str(tmp_path / "out"), env={"LOG_DIR": str(tmp_path / "logs")})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -526,6 +525,11 @@ def test_distributed_script_trains_kfac_on_two_workers(tmp_path):
         summary = _summary(tmp_path / "out", rank)
         assert summary["group_size"] == 2 and summary["rank"] == rank and summary["steps_per_epoch"] == 4
         _checkpoint(tmp_path / "out", 1, rank)
+    ranks = [ms.load_checkpoint(_checkpoint(tmp_path / "out", 1, rank)) for rank in (0, 1)]
+    shared = [k for k in ranks[0] if k.endswith((".weight", ".bias", ".gamma", ".beta"))]
+    assert len(shared) > 10
+    for key in shared:
+        np.testing.assert_array_equal(ranks[0][key].asnumpy(), ranks[1][key].asnumpy(), err_msg=key)
     evaluated = _bash("run_eval.sh", "cpu_smoke", "synthetic", _checkpoint(tmp_path / "out", 1, rank=1))
     assert evaluated.returncode == 0 and "top_1_accuracy" in evaluated.stdout
 
