@@ -72,9 +72,7 @@ def _dense_spngd(max_interval=4, threshold=0.1, **kwargs):
 
 
 def test_optimizer_intervals_follow_the_rule_for_constant_and_moving_inputs():
-    rng = np.random.default_rng(1)
-    x = Tensor(rng.standard_normal((16, 5)).astype(np.float32))
-    y = Tensor(rng.integers(0, 3, 16).astype(np.int32))
+    x, y = batch(1, n=16, shape=(5,))
     # fc1's A depends only on the input: the same batch every step never changes it
     _, opt, step = _dense_spngd()
     for _ in range(20):
@@ -91,9 +89,7 @@ def test_optimizer_intervals_follow_the_rule_for_constant_and_moving_inputs():
 
 
 def test_refresh_state_is_checkpointed_and_restored(tmp_path):
-    rng = np.random.default_rng(1)
-    x = Tensor(rng.standard_normal((16, 5)).astype(np.float32))
-    y = Tensor(rng.integers(0, 3, 16).astype(np.int32))
+    x, y = batch(1, n=16, shape=(5,))
     net, opt, step = _dense_spngd()
     for _ in range(9):
         step(x, y)
