@@ -31,11 +31,10 @@ def first_reaching(rows, target):
 class _EpochLog(Callback):
     """Collects per-epoch wall time, full training-set loss and test accuracy."""
 
-    def __init__(self, net, train, test, verbose, label, optimizer=None):
+    def __init__(self, net, train, test, verbose, label, refresh_monitor=None):
         super().__init__()
         self.net = net
-        self.optimizer = optimizer
-        self.counted = (0, 0)
+        self.refresh_monitor = refresh_monitor      # runs before this callback in the same epoch
         self.train, self.test = train, test
         self.verbose, self.label = verbose, label
         self.rows, self.start, self.eval_time = [], None, 0.0
@@ -58,12 +57,8 @@ class _EpochLog(Callback):
         elapsed = time.perf_counter() - self.start - self.eval_time
         epoch = run_context.original_args().cur_epoch_num
         row = {"epoch": epoch, "train_loss": loss, "test_acc": acc, "seconds": elapsed}
-        if hasattr(self.optimizer, "refresh_state"):        # SP-NGD: fraction of statistics recomputed
-            counters = self.optimizer.state_counters()
-            done = (counters["step"], counters["statistic_refreshes"])
-            row["refresh_ratio"] = (done[1] - self.counted[1]) / max(
-                (done[0] - self.counted[0]) * len(self.optimizer.statistic_names), 1)
-            self.counted = done
+        if self.refresh_monitor is not None:                # SP-NGD: fraction of statistics recomputed
+            row["refresh_ratio"] = self.refresh_monitor.history[-1][2]
         self.rows.append(row)
         if self.verbose:
             print(f"  {self.label:8s} epoch {epoch:3d}  train loss {loss:.4f}  test acc {acc:.4f}  "
@@ -121,8 +116,14 @@ def train_digits(optimizer="kfac", epochs=10, lr=0.05, batch_size=64, seed=0, ve
     else:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     model = Model(net, loss_fn, opt)
-    log = _EpochLog(net, (x_train, y_train), (x_test, y_test), verbose, optimizer, opt)
-    model.train(epochs, array_dataset(x_train, y_train, batch_size, seed=seed), callbacks=[log],
+    callbacks = []
+    if hasattr(opt, "refresh_state"):
+        from .train import RefreshMonitor
+        callbacks.append(RefreshMonitor(opt, verbose=False))
+    log = _EpochLog(net, (x_train, y_train), (x_test, y_test), verbose, optimizer,
+                    callbacks[0] if callbacks else None)
+    callbacks.append(log)
+    model.train(epochs, array_dataset(x_train, y_train, batch_size, seed=seed), callbacks=callbacks,
                 dataset_sink_mode=sink)
     return log.rows
 
