@@ -23,9 +23,10 @@ import numpy as np
 from mindspore import nn, ops, Parameter, Tensor
 
 from ..curvature import factors
+from .control import CaptureControl
 
-__all__ = ["LayerSpec", "LayerCapture", "NormSpec", "NormCapture", "find_layers", "find_batchnorms", "attach",
-           "detach"]
+__all__ = ["LayerSpec", "LayerCapture", "NormSpec", "NormCapture", "CaptureControl", "find_layers",
+           "find_batchnorms", "attach", "detach"]
 
 _ATTR = "_ngd_capture"
 
@@ -119,11 +120,12 @@ def find_layers(network):
 class LayerCapture(nn.Cell):
     """Batch A and G buffers of one layer, the flags that enable capture, and the G hook.
 
-    ``capture_a`` / ``capture_g`` are set by the optimizer for the *next* step. Parameter names
-    are ``{prefix}.{layer}.a_batch`` etc., deterministic and unique per optimizer prefix.
+    ``capture_a`` / ``capture_g`` are set for the *next* step, only through the optimizer's
+    :class:`CaptureControl`. Parameter names are ``{prefix}.{layer}.a_batch`` etc., deterministic and
+    unique per optimizer prefix.
     """
 
-    def __init__(self, spec, prefix, loss_scale=1.0):
+    def __init__(self, spec, prefix, loss_scale=1.0, traces=False):
         super().__init__(auto_prefix=False)
         self.spec = spec
         base = f"{prefix}.{spec.name}"
@@ -142,17 +144,14 @@ class LayerCapture(nn.Cell):
         self.pad_mode = spec.pad_mode
         self.padding = spec.padding
         self.grad_hook = ops.InsertGradientOf(self.save_output_factor)
-        # trace probes (THOR's trace rule): off unless enable_traces() is called
-        self.traces_enabled = False
-        self.trace_a = Parameter(Tensor(False), name=f"{base}.trace_a", requires_grad=False)
-        self.trace_g = Parameter(Tensor(False), name=f"{base}.trace_g", requires_grad=False)
-        self.a_trace = Parameter(Tensor(np.float32(0)), name=f"{base}.a_trace", requires_grad=False)
-        self.g_trace = Parameter(Tensor(np.float32(0)), name=f"{base}.g_trace", requires_grad=False)
-
-    def enable_traces(self):
-        """Also compute trace(A) / trace(G) of the batch, without forming the factors, on steps whose
-        ``trace_a`` / ``trace_g`` flag is set (single-level branches, like the factor capture)."""
-        self.traces_enabled = True
+        # trace probes (THOR's trace rule): trace(A) / trace(G) of the batch, without forming the
+        # factors, on steps whose trace_a / trace_g flag is set; the buffers exist only when asked for
+        self.traces_enabled = bool(traces)
+        if self.traces_enabled:
+            self.trace_a = Parameter(Tensor(False), name=f"{base}.trace_a", requires_grad=False)
+            self.trace_g = Parameter(Tensor(False), name=f"{base}.trace_g", requires_grad=False)
+            self.a_trace = Parameter(Tensor(np.float32(0)), name=f"{base}.a_trace", requires_grad=False)
+            self.g_trace = Parameter(Tensor(np.float32(0)), name=f"{base}.g_trace", requires_grad=False)
 
     def input_trace(self, x):
         if self.is_conv:

@@ -1,4 +1,7 @@
-"""Factor statistics, damped inverses and preconditioning."""
-from . import blocks, factors, inverse
+"""Curvature: factor statistics, their moving averages, damped inverses and the per-layer blocks.
 
-__all__ = ["blocks", "factors", "inverse"]
+The blocks (:mod:`.kronecker`, :mod:`.unitwise`) import the capture cells; import them by module.
+"""
+from . import blocks, factors, inverse, statistics
+
+__all__ = ["blocks", "factors", "inverse", "statistics"]

@@ -24,8 +24,10 @@ the inverse's real part is unchanged by the padding, and the padded part (``1 / 
 its diagonal) is positive, so it never fails the result check. ``apply_right`` / ``apply_left``
 pad the operand with zeros and drop the padded rows/columns of the product again.
 
-``split_dim=None`` or ``split_dim >= D`` means one block of size ``D`` (no padding): then every
-function here reproduces the dense path of :mod:`mindspore_ngd.curvature.inverse` exactly.
+``split_dim=None`` or ``split_dim >= D`` means one block of size ``D`` (no padding). A single
+block is kept as the plain (D, D) matrix, not a (1, D, D) stack, so a dense factor takes exactly
+the same operations as before splitting existed: the dense factor is the one-block case of
+everything here and of :func:`mindspore_ngd.curvature.inverse.damped_inverse`.
 
 Everything below is graph-mode safe: shapes come from the (static, frozen) layout, and only
 MindSpore ops are used on tensors. Batched ops used, as measured on MindSpore 2.10 CPU:
@@ -33,26 +35,17 @@ MindSpore ops are used on tensors. Batched ops used, as measured on MindSpore 2.
 ``a`` and ``b``, ``ops.MatrixInverse`` (3-D). Batched ``ops.CholeskyInverse`` returns wrong
 values on CPU and is not used.
 
-Damping convention: :func:`blocked_damped_inverse` takes one scalar ``jitter_shift`` computed by
-the caller from the FULL factor (``trace_jitter(m, jitter) = jitter * relu(tr(m))``), not from
-each block's trace, so that a single block reproduces ``damped_inverse(m, shift, method, jitter)``.
-
-``method="eigh"``: ``mindspore.scipy.linalg.eigh`` is 2-D only, so the blocks are decomposed one
-at a time in a statically unrolled Python loop (graph size and compile time grow with
-``count``; use ``"cholesky"`` or ``"lu"`` for many blocks). The indefiniteness test of
-``damped_inverse`` is applied to the block-diagonal matrix as a whole: its eigenvalues are the
-union of the blocks' eigenvalues.
+Damping convention: every block is shifted by the same ``shift + jitter * relu(tr(m))`` with the
+trace of the FULL factor (:func:`mindspore_ngd.curvature.inverse.trace_jitter`), so that one block
+reproduces the dense inverse. With ``method="eigh"`` the blocks are decomposed one at a time in a
+statically unrolled loop (``mindspore.scipy.linalg.eigh`` is 2-D only): graph size and compile time
+grow with ``count``, so prefer ``"cholesky"`` or ``"lu"`` for many blocks.
 """
 import dataclasses
 
-import mindspore as ms
 from mindspore import ops
-import mindspore.scipy.linalg as msla
 
-__all__ = ["BlockLayout", "to_blocks", "from_blocks", "trace_jitter", "blocked_damped_inverse",
-           "apply_right", "apply_left"]
-
-_METHODS = ("cholesky", "lu", "eigh")
+__all__ = ["BlockLayout", "to_blocks", "from_blocks", "apply_right", "apply_left"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,93 +99,31 @@ def _pad_square(m, layout):
 
 
 def to_blocks(m, layout):
-    """(D, D) factor -> (nb, s, s) stack of its diagonal blocks, the padding set to the identity.
+    """(D, D) factor -> (nb, s, s) stack of its diagonal blocks, the padding set to the identity
+    (the factor itself when the layout has one block).
 
     The off-diagonal blocks of ``m`` are discarded. Sanitize ``m`` (``inverse.sanitize``) first
     when it is going to be inverted: principal blocks of a PSD matrix are PSD.
     """
     nb, s = layout.count, layout.size
     if nb == 1:
-        return ops.expand_dims(m, 0)
+        return m
     full = _pad_square(m, layout).reshape(nb, s, nb, s)
     # diagonal over the two block axes -> (s, s, nb); block i is full[i, :, i, :]
     return ops.diagonal(full, 0, 0, 2).transpose(2, 0, 1)
 
 
 def from_blocks(blocks, layout):
-    """(nb, s, s) blocks -> dense (D, D) block-diagonal matrix, the padding dropped.
+    """(nb, s, s) blocks (or one (D, D) block) -> dense (D, D) block-diagonal matrix, the padding dropped.
 
     Meant for tests and inspection: it materialises the (P, P) matrix.
     """
     nb, dim = layout.count, layout.dim
     if nb == 1:
-        return blocks[0]
+        return blocks
     mask = ops.eye(nb, nb, blocks.dtype).reshape(nb, 1, nb, 1)
     full = (ops.expand_dims(blocks, 2) * mask).reshape(layout.padded, layout.padded)
     return full[:dim, :dim]
-
-
-def trace_jitter(m, jitter):
-    """``jitter * relu(tr(m))`` of the FULL (D, D) factor: the ``jitter_shift`` that makes
-    :func:`blocked_damped_inverse` match ``inverse.damped_inverse(m, shift, method, jitter)``."""
-    return jitter * ops.relu(ops.trace(m))
-
-
-def _batched_eye(count, size, dtype=ms.float32):
-    return ops.broadcast_to(ops.eye(size, size, dtype), (count, size, size))
-
-
-def blocked_damped_inverse(blocks, shift, method, jitter_shift):
-    """``(inv_blocks, ok)``: ``inv_b = (sym(block_b) + (shift + jitter_shift) I)^-1`` per block.
-
-    ``blocks``: (nb, s, s) float32 from :func:`to_blocks` of a sanitized factor. ``shift`` and
-    ``jitter_shift`` are scalars (Python numbers or 0-D tensors) shared by all blocks; pass
-    ``trace_jitter(m, jitter)`` of the full factor as ``jitter_shift``.
-
-    ``method``: ``"cholesky"`` (batched Cholesky + batched triangular solve,
-    ``inv = L^-T L^-1``), ``"lu"`` (batched ``MatrixInverse``, symmetrized) or ``"eigh"`` (one
-    2-D ``eigh`` per block, unrolled; negative eigenvalues clamped to zero). Blocks of size 1
-    are inverted as ``1 / x`` whatever the method. Raises ValueError for an unknown method.
-
-    ``ok`` (0-D bool) is False when any entry is non-finite or any diagonal entry is <= 0; with
-    ``"eigh"`` also when the block-diagonal matrix has an eigenvalue below
-    ``-1e-4 * max |eigenvalue|``.
-    """
-    if method not in _METHODS:
-        raise ValueError(f"unknown inverse method {method!r}; expected one of {_METHODS}")
-    nb, s = blocks.shape[0], blocks.shape[1]
-    sym = (blocks + blocks.transpose(0, 2, 1)) * 0.5
-    total = shift + jitter_shift
-    indefinite = ops.zeros((), ms.bool_)
-    if s == 1:                           # scalar blocks: MatrixInverse rejects 1x1 inputs
-        inv = 1.0 / (sym + total)
-    elif method == "cholesky":
-        eye = _batched_eye(nb, s, blocks.dtype)
-        low = ops.cholesky(sym + total * eye)
-        low_inv = msla.solve_triangular(low, eye, lower=True)
-        inv = ops.bmm(low_inv.transpose(0, 2, 1), low_inv)
-    elif method == "lu":
-        eye = _batched_eye(nb, s, blocks.dtype)
-        inv = ops.MatrixInverse()(sym + total * eye)
-        inv = (inv + inv.transpose(0, 2, 1)) * 0.5
-    else:
-        invs = []
-        lows = []
-        highs = []
-        for b in range(nb):              # static unroll: eigh is 2-D only
-            values, vectors = msla.eigh(sym[b])
-            lows.append(ops.reduce_min(values))
-            highs.append(ops.reduce_max(ops.abs(values)))
-            invs.append(ops.matmul(vectors / (ops.relu(values) + total),
-                                   vectors.transpose(1, 0)))
-        inv = ops.stack(invs, 0)
-        if nb == 1:
-            indefinite = lows[0] < -1e-4 * highs[0]
-        else:
-            indefinite = ops.reduce_min(ops.stack(lows)) < -1e-4 * ops.reduce_max(ops.stack(highs))
-    diag = ops.diagonal(inv, 0, 1, 2)
-    ok = ops.logical_and(ops.isfinite(inv).all(), (diag > 0).all())
-    return inv, ops.logical_and(ok, ops.logical_not(indefinite))
 
 
 def apply_right(matrix, inv_blocks, layout):
@@ -203,7 +134,7 @@ def apply_right(matrix, inv_blocks, layout):
     """
     nb, s, dim = layout.count, layout.size, layout.dim
     if nb == 1:
-        return ops.matmul(matrix, inv_blocks[0])
+        return ops.matmul(matrix, inv_blocks)
     rows = matrix.shape[0]
     if layout.pad:
         matrix = ops.concat((matrix, ops.zeros((rows, layout.pad), matrix.dtype)), axis=1)
@@ -221,7 +152,7 @@ def apply_left(inv_blocks, matrix, layout):
     """
     nb, s, dim = layout.count, layout.size, layout.dim
     if nb == 1:
-        return ops.matmul(inv_blocks[0], matrix)
+        return ops.matmul(inv_blocks, matrix)
     cols = matrix.shape[1]
     if layout.pad:
         matrix = ops.concat((matrix, ops.zeros((layout.pad, cols), matrix.dtype)), axis=0)

@@ -16,6 +16,9 @@ Why the inversion is guarded the way it is (measured on MindSpore 2.10, see FACT
   slightly indefinite factor: ``method="eigh"`` is the robust (and slowest) path.
 * Batched (3-D) ``ops.CholeskyInverse`` returns wrong values on CPU: it is not used anywhere.
 
+A dense factor and THOR's block-split factor (:mod:`.blocks`) are inverted by the same function:
+a dense factor is the one-block case.
+
 Every result is checked (finite, positive diagonal); the caller keeps the previous inverse when the
 check fails.
 """
@@ -23,18 +26,13 @@ import mindspore as ms
 from mindspore import ops
 import mindspore.scipy.linalg as msla
 
-__all__ = ["INVERSE_METHODS", "DAMPING_SPLITS", "sanitize", "split_damping", "damped_inverse",
-           "precondition"]
+__all__ = ["INVERSE_METHODS", "DAMPING_SPLITS", "sanitize", "split_damping", "trace_jitter", "damped_inverse"]
 
 INVERSE_METHODS = ("cholesky", "lu", "eigh")
 DAMPING_SPLITS = ("pi", "sqrt")
 
 # relative slack of the Cauchy-Schwarz test |m_ij| <= sqrt(m_ii m_jj) for float32 rounding
 _CS_RELATIVE_SLACK = 1e-3
-
-
-def _eye(n):
-    return ops.eye(n, n, ms.float32)
 
 
 def _trace(m):
@@ -54,7 +52,7 @@ def sanitize(m):
     tiny = 1e-7 * ops.reduce_max(ops.abs(diag)) + 1e-30
     plausible = ops.logical_and((diag >= 0).all(), (ops.abs(m) <= bound + tiny).all())
     valid = ops.logical_and(finite, plausible)
-    safe = ops.select(ops.broadcast_to(valid, m.shape), m, _eye(n))
+    safe = ops.select(ops.broadcast_to(valid, m.shape), m, ops.eye(n, n, ms.float32))
     return safe, valid
 
 
@@ -77,36 +75,69 @@ def split_damping(a, g, damping, split):
     return pi * root, root / pi
 
 
-def damped_inverse(m, shift, method, jitter):
-    """``(inv, ok)`` with ``inv = (sym(m) + (shift + jitter * tr(m)) I)^-1``.
+def trace_jitter(m, jitter):
+    """``jitter * relu(tr(m))`` of the FULL (D, D) factor: the extra shift of every block."""
+    return jitter * ops.relu(_trace(m))
 
-    ``m`` must already be sanitized. ``ok`` is False when the result is not finite or has a
-    non-positive diagonal (the inverse of an SPD matrix has a positive diagonal); with
-    ``method="eigh"`` also when ``m`` has an eigenvalue below ``-1e-4 * max |eigenvalue|``
-    (an indefinite factor).
+
+def _transposed(x):
+    return x.swapaxes(-1, -2)
+
+
+def _matmul(a, b):
+    return ops.bmm(a, b) if a.ndim == 3 else ops.matmul(a, b)
+
+
+def _identity_like(blocks):
+    """The identity with the shape of ``blocks``: (s, s), or (nb, s, s) for a stack of blocks."""
+    size = blocks.shape[-1]
+    eye = ops.eye(size, size, blocks.dtype)
+    return eye if blocks.ndim == 2 else ops.broadcast_to(eye, blocks.shape)
+
+
+def _eigh_inverse(sym, total):
+    """Inverse through the eigendecomposition, block by block (``mindspore.scipy.linalg.eigh`` is
+    2-D only: a static loop), negative eigenvalues clamped to zero; and the indefiniteness verdict
+    of the whole block-diagonal matrix (its eigenvalues are the union of the blocks')."""
+    mats = [sym] if sym.ndim == 2 else [sym[b] for b in range(sym.shape[0])]
+    invs, lows, highs = [], [], []
+    for mat in mats:
+        values, vectors = msla.eigh(mat)
+        lows.append(ops.reduce_min(values))
+        highs.append(ops.reduce_max(ops.abs(values)))
+        invs.append(ops.matmul(vectors / (ops.relu(values) + total), vectors.transpose(1, 0)))
+    if len(mats) == 1:
+        inv = invs[0] if sym.ndim == 2 else ops.stack(invs, 0)
+        return inv, lows[0] < -1e-4 * highs[0]
+    indefinite = ops.reduce_min(ops.stack(lows)) < -1e-4 * ops.reduce_max(ops.stack(highs))
+    return ops.stack(invs, 0), indefinite
+
+
+def damped_inverse(blocks, shift, method, jitter_shift):
+    """``(inv, ok)`` with ``inv = (sym(blocks) + (shift + jitter_shift) I)^-1``.
+
+    ``blocks`` is one sanitized (D, D) factor or a (nb, s, s) stack of its diagonal blocks
+    (:func:`mindspore_ngd.curvature.blocks.to_blocks`): a dense factor is the one-block case, and
+    both go through the same code. ``jitter_shift`` is :func:`trace_jitter` of the full factor,
+    shared by all blocks. ``ok`` is False when the result is not finite or has a non-positive
+    diagonal (the inverse of an SPD matrix has a positive diagonal); with ``method="eigh"`` also
+    when an eigenvalue lies below ``-1e-4 * max |eigenvalue|`` (an indefinite factor).
     """
-    n = m.shape[0]
-    eye = _eye(n)
-    sym = (m + m.transpose(1, 0)) * 0.5
-    total = shift + jitter * ops.relu(_trace(sym))
+    if method not in INVERSE_METHODS:
+        raise ValueError(f"unknown inverse method {method!r}; expected one of {INVERSE_METHODS}")
+    sym = (blocks + _transposed(blocks)) * 0.5
+    total = shift + jitter_shift
     indefinite = ops.zeros((), ms.bool_)
-    if n == 1:                           # a scalar factor (e.g. a one-output layer's G)
+    if blocks.shape[-1] == 1:           # scalar blocks (a one-output layer's G): MatrixInverse rejects 1x1
         inv = 1.0 / (sym + total)
     elif method == "cholesky":
-        low = ops.cholesky(sym + total * eye)
-        low_inv = msla.solve_triangular(low, eye, lower=True)
-        inv = ops.matmul(low_inv.transpose(1, 0), low_inv)
+        eye = _identity_like(blocks)
+        low_inv = msla.solve_triangular(ops.cholesky(sym + total * eye), eye, lower=True)
+        inv = _matmul(_transposed(low_inv), low_inv)
     elif method == "lu":
-        inv = ops.MatrixInverse()(sym + total * eye)
-        inv = (inv + inv.transpose(1, 0)) * 0.5
+        inv = ops.MatrixInverse()(sym + total * _identity_like(blocks))
+        inv = (inv + _transposed(inv)) * 0.5
     else:
-        values, vectors = msla.eigh(sym)
-        indefinite = ops.reduce_min(values) < -1e-4 * ops.reduce_max(ops.abs(values))
-        inv = ops.matmul(vectors / (ops.relu(values) + total), vectors.transpose(1, 0))
-    ok = ops.logical_and(ops.isfinite(inv).all(), (ops.diagonal(inv) > 0).all())
+        inv, indefinite = _eigh_inverse(sym, total)
+    ok = ops.logical_and(ops.isfinite(inv).all(), (ops.diagonal(inv, 0, -2, -1) > 0).all())
     return inv, ops.logical_and(ok, ops.logical_not(indefinite))
-
-
-def precondition(g_inv, grad_matrix, a_inv):
-    """``G^-1 dW A^-1`` for a gradient matrix of shape (out, in[+1])."""
-    return ops.matmul(ops.matmul(g_inv, grad_matrix), a_inv)

@@ -1,5 +1,7 @@
 """K-FAC (Martens & Grosse 2015; convolutions: Grosse & Martens 2016) as a policy of the engine."""
-from .engine import NGDOptimizer, Policy
+from ..schedule.rules import FixedInterval
+from .engine import NGDOptimizer
+from .policy import Policy
 
 __all__ = ["KFAC"]
 
@@ -73,9 +75,9 @@ class KFAC(NGDOptimizer):
                  damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="cholesky",
                  jitter=1e-6, nesterov=False, decay_filter=None, skip_layers=(), fisher="empirical", verbose=True,
                  distributed="auto", grad_worker_fraction=None, balance="compute"):
-        policy = Policy(name="kfac", factor_update_interval=factor_update_interval,
-                        inverse_update_interval=inverse_update_interval, damping_split=damping_split,
-                        inverse_method=inverse_method, kl_clip=kl_clip, jitter=jitter, fisher=fisher)
+        policy = Policy(name="kfac", refresh=FixedInterval(factor_update_interval, inverse_update_interval),
+                        damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip, jitter=jitter,
+                        fisher=fisher)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=nesterov, decay_filter=decay_filter,

@@ -5,7 +5,7 @@ What makes it SP-NGD rather than K-FAC, all in the policy:
 * stale statistics: every statistic (each layer's A, each layer's G, each BatchNorm layer's unit-wise
   Fisher) has its own refresh interval that doubles while the statistic stays within
   ``refresh_threshold`` (relative Frobenius change) of the value it replaces and halves when it
-  moves more (:func:`mindspore_ngd.schedule.refresh.stale_update`). Between refreshes the statistic
+  moves more (:func:`mindspore_ngd.schedule.rules.stale_intervals`). Between refreshes the statistic
   is not captured at all (no im2col, no covariance matmul, no probe) and its layer's inverses are
   reused; a layer is re-inverted only when one of its statistics was refreshed;
 * unit-wise natural gradient for BatchNorm: one damped 2x2 Fisher of (gamma_c, beta_c) per channel,
@@ -14,14 +14,10 @@ What makes it SP-NGD rather than K-FAC, all in the policy:
 * a moving average over refreshes (``factor_decay=0.9``) and KL clipping (1e-3) by default, for
   the small per-device batches of CPU/GPU users (see the arguments).
 """
-import numpy as np
-
-import mindspore as ms
-from mindspore import ops, Parameter, Tensor
-
 from .. import _validate
-from ..schedule.refresh import stale_update
-from .engine import NGDOptimizer, Policy
+from ..schedule.rules import StaleIntervals
+from .engine import NGDOptimizer
+from .policy import Policy
 
 __all__ = ["SPNGD"]
 
@@ -90,72 +86,12 @@ class SPNGD(NGDOptimizer):
                  damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="cholesky", jitter=1e-6,
                  nesterov=False, decay_filter=None, skip_layers=(), verbose=True, distributed="auto",
                  grad_worker_fraction=None, balance="compute"):
-        if not isinstance(stale, bool):
-            raise TypeError(f"stale must be a bool, got {type(stale).__name__}")
-        self._threshold = _validate.positive_float("refresh_threshold", refresh_threshold)
-        self._max_interval = _validate.positive_int("max_interval", max_interval)
-        self._stale = stale
         floor = _validate.non_negative_float("weight_decay", weight_decay)
-        policy = Policy(name="spngd", factor_update_interval=1, inverse_update_interval=1,
+        policy = Policy(name="spngd", refresh=StaleIntervals(refresh_threshold, max_interval, stale),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip,
-                        jitter=jitter, batchnorm_damping=batchnorm_damping, damping_floor=floor,
-                        fisher=fisher, track_changes=stale)
+                        jitter=jitter, batchnorm_damping=batchnorm_damping, damping_floor=floor, fisher=fisher)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=nesterov, decay_filter=decay_filter,
                          skip_layers=skip_layers, verbose=verbose, distributed=distributed,
                          grad_worker_fraction=grad_worker_fraction, balance=balance)
-        count = self.num_statistics
-        self.intervals = Parameter(Tensor(np.ones(count, np.int32)), name="spngd.intervals", requires_grad=False)
-        self.next_refresh = Parameter(Tensor(np.zeros(count, np.int32)), name="spngd.next_refresh",
-                                      requires_grad=False)
-        self.refreshes = Parameter(Tensor(np.zeros(count, np.int32)), name="spngd.refreshes", requires_grad=False)
-        # statistics refresh at their own steps: invert only the layers whose statistics were refreshed
-        self.per_layer_inverses = stale
-        self.statistic_names = tuple([f"{s.name}.A" for s in self.layer_specs]
-                                     + [f"{s.name}.G" for s in self.layer_specs]
-                                     + [f"{s.name}.F" for s in self.norm_specs])
-
-    # ---------------------------------------------------------------- policy hooks
-    def _inverse_due(self, step, refreshed):
-        return ops.stack(refreshed).any()
-
-    def _inverse_layers(self, step, refreshed):
-        return refreshed
-
-    def _capture_next(self, next_step):
-        if not self._stale:
-            return super()._capture_next(next_step)
-        due = self.next_refresh <= next_step
-        layers = self.num_layers
-        for k in range(layers):
-            ops.assign(self.captures[k].capture_a, due[k])
-            ops.assign(self.captures[k].capture_g, due[layers + k])
-        for j in range(self.num_norms):
-            ops.assign(self.norm_captures[j].capture_f, due[2 * layers + j])
-        return due
-
-    def _after_step(self, step, refreshed, changes):
-        if not self._stale:
-            ops.assign_add(self.refreshes, ops.ones_like(self.refreshes))
-            return step
-        intervals, next_refresh = stale_update(self.intervals, self.next_refresh, changes, step,
-                                               self._threshold, self._max_interval)
-        ops.assign(self.intervals, intervals)
-        ops.assign(self.next_refresh, next_refresh)
-        ops.assign_add(self.refreshes, ops.cast(changes >= 0, ms.int32))
-        return step
-
-    # ---------------------------------------------------------------- inspection
-    def refresh_state(self):
-        """``{statistic: (interval, next refresh step, refreshes so far)}`` as Python ints."""
-        intervals = self.intervals.asnumpy()
-        upcoming = self.next_refresh.asnumpy()
-        counts = self.refreshes.asnumpy()
-        return {name: (int(intervals[i]), int(upcoming[i]), int(counts[i]))
-                for i, name in enumerate(self.statistic_names)}
-
-    def state_counters(self):
-        counters = super().state_counters()
-        counters["statistic_refreshes"] = int(self.refreshes.asnumpy().sum())
-        return counters

@@ -17,14 +17,10 @@ What makes it THOR rather than K-FAC, all in the policy:
 * damping split as MindSpore's THOR, ``A + sqrt(damping) I`` and ``G + sqrt(damping) I``, no moving
   average of the factors and no KL clipping by default.
 """
-import numpy as np
-
-import mindspore as ms
-from mindspore import ops, Parameter, Tensor
-
 from .. import _validate
-from ..schedule.refresh import trace_changed
-from .engine import NGDOptimizer, Policy
+from ..schedule.rules import GrowingInterval
+from .engine import NGDOptimizer
+from .policy import Policy
 
 __all__ = ["THOR"]
 
@@ -75,121 +71,17 @@ class THOR(NGDOptimizer):
                  frequency_growth=1.0, max_frequency=None, damping_split="sqrt", factor_decay=0.0,
                  kl_clip=None, inverse_method="cholesky", jitter=1e-6, verbose=True, distributed="auto",
                  grad_worker_fraction=None, balance="compute"):
-        frequency = _validate.positive_int("frequency", frequency)
         if batch_size is not None:
             _validate.positive_int("batch_size", batch_size)
         if split_indices is not None and not isinstance(split_indices, (list, tuple)):
             raise TypeError(f"split_indices must be a list of ints or None, got {type(split_indices).__name__}")
         if not isinstance(enable_clip_grad, bool):
             raise TypeError(f"enable_clip_grad must be a bool, got {type(enable_clip_grad).__name__}")
-        self._trace_threshold = _validate.optional_positive_float("trace_threshold", trace_threshold)
-        self._growth = _validate.float_in_range("frequency_growth", frequency_growth, 1.0, float("inf"))
-        if max_frequency is not None:
-            max_frequency = _validate.positive_int("max_frequency", max_frequency)
-            if max_frequency < frequency:
-                raise ValueError(f"max_frequency must be >= frequency ({frequency}), got {max_frequency}")
-        self._max_frequency = max_frequency
-        policy = Policy(name="thor", factor_update_interval=frequency, inverse_update_interval=frequency,
-                        damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip,
-                        jitter=jitter, split_dim=split_dim, clip_norm=1.0 if enable_clip_grad else None)
+        rule = GrowingInterval(frequency, frequency_growth, max_frequency, trace_threshold)
+        policy = Policy(name="thor", refresh=rule, damping_split=damping_split, inverse_method=inverse_method,
+                        kl_clip=kl_clip, jitter=jitter, split_dim=split_dim,
+                        clip_norm=1.0 if enable_clip_grad else None)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=use_nesterov, decay_filter=decay_filter, verbose=verbose,
                          distributed=distributed, grad_worker_fraction=grad_worker_fraction, balance=balance)
-        self.interval = Parameter(Tensor(np.int32(frequency)), name="thor.interval", requires_grad=False)
-        self.next_refresh = Parameter(Tensor(np.int32(0)), name="thor.next_refresh", requires_grad=False)
-        self.layer_refreshes = Parameter(Tensor(np.zeros(self.num_layers, np.int32)),
-                                         name="thor.layer_refreshes", requires_grad=False)
-        if self._trace_threshold is not None:
-            # the trace rule refreshes a subset of layers: invert only those
-            self.per_layer_inverses = True
-            for capture in self.captures:
-                capture.enable_traces()
-
-    # ---------------------------------------------------------------- policy hooks
-    def _inverse_due(self, step, refreshed):
-        return ops.stack(refreshed).any()
-
-    def _inverse_layers(self, step, refreshed):
-        return refreshed
-
-    def _capture_next(self, next_step):
-        due = next_step >= self.next_refresh
-        if self._trace_threshold is None:
-            for capture in self.captures:
-                ops.assign(capture.capture_a, due)
-                ops.assign(capture.capture_g, due)
-            return due
-        # trace rule: a refresh point only probes traces; the next step captures the statistics whose
-        # trace moved (every statistic before its first capture)
-        probed = self.captures[0].trace_a
-        moved = None
-        if self._parallel is not None:
-            moved = ops.zeros((2 * self.num_layers,), ms.bool_)
-            if probed:                      # identical on every rank (set from the step)
-                moved = self._shared_trace_moves(next_step)
-        flags = ()
-        for k in range(self.num_layers):
-            capture = self.captures[k]
-            if self._parallel is None:
-                a_moved = ops.logical_or(self.a_updates[k] == 0, trace_changed(
-                    ops.depend(capture.a_trace, next_step), ops.trace(self.a_factors[k]), self._trace_threshold))
-                g_moved = ops.logical_or(self.g_updates[k] == 0, trace_changed(
-                    ops.depend(capture.g_trace, next_step), ops.trace(self.g_factors[k]), self._trace_threshold))
-            else:
-                a_moved, g_moved = moved[k], moved[self.num_layers + k]
-            flags += (ops.logical_and(probed, a_moved), ops.logical_and(probed, g_moved))
-        # the probe flags are overwritten only after every capture flag has used ``probed``: the read
-        # of ``trace_a`` is not a snapshot (measured: without this, layers after the first read the
-        # flag already set for the next step and captured on the probe step itself)
-        settled = ops.stack(flags)
-        for k in range(self.num_layers):
-            capture = self.captures[k]
-            ops.assign(capture.capture_a, flags[2 * k])
-            ops.assign(capture.capture_g, flags[2 * k + 1])
-            ops.assign(capture.trace_a, ops.depend(due, settled))
-            ops.assign(capture.trace_g, ops.depend(due, settled))
-        return due
-
-    def _shared_trace_moves(self, token):
-        """Distributed trace test, identical on every rank: the batch traces are averaged over the
-        ranks and compared with the trace of the factor in use, which only the layer's owners hold
-        (one AllReduce of [batch traces, owners' factor traces or 0]). Returns a bool vector over
-        (A of every layer, G of every layer)."""
-        layers = self.num_layers
-        zero = ops.zeros((), ms.float32)
-        batch, stored = (), ()
-        for k in range(layers):
-            batch += (self.captures[k].a_trace,)
-            stored += (ops.trace(self.a_factors[k]) if self._owned[k] else zero,)
-        for k in range(layers):
-            batch += (self.captures[k].g_trace,)
-            stored += (ops.trace(self.g_factors[k]) if self._owned[k] else zero,)
-        vector = ops.depend(ops.stack(batch + stored), token)
-        par = self._parallel
-        total = par.share(vector)
-        moved = ()
-        for i in range(2 * layers):
-            updates = self.a_updates[i] if i < layers else self.g_updates[i - layers]
-            changed = trace_changed(total[i] / par.world_size, total[2 * layers + i] / par.grad_workers,
-                                    self._trace_threshold)
-            moved += (ops.logical_or(updates == 0, changed),)
-        return ops.stack(moved)
-
-    def _after_step(self, step, refreshed, changes):
-        captured = step >= self.next_refresh
-        interval = self.interval
-        grown = ops.ceil(ops.cast(interval, ms.float32) * self._growth - 1e-6)
-        grown = ops.cast(grown, ms.int32)
-        if self._max_frequency is not None:
-            grown = ops.minimum(grown, self._max_frequency)
-        ops.assign(self.next_refresh, ops.select(captured, step + interval, self.next_refresh))
-        ops.assign(self.interval, ops.select(captured, ops.maximum(grown, 1), interval))
-        ops.assign_add(self.layer_refreshes, ops.cast(ops.stack(refreshed), ms.int32))
-        return step
-
-    def state_counters(self):
-        counters = super().state_counters()
-        counters.update(interval=int(self.interval.asnumpy()), next_refresh=int(self.next_refresh.asnumpy()),
-                        layer_refreshes=self.layer_refreshes.asnumpy().tolist())
-        return counters

@@ -1,4 +1,4 @@
-"""Per-step hyper-parameter schedules (damping, and validation of learning rates).
+"""Per-step hyper-parameter schedules (damping, and validation of learning rates) and refresh rules.
 
 MindSpore users pass a learning rate as a float, a per-step list / NumPy array / 1-D Tensor, or a
 ``nn.LearningRateSchedule`` cell. :func:`as_schedule` accepts the same forms for any other
@@ -13,7 +13,7 @@ from mindspore import nn, ops, Parameter, Tensor
 from .. import _validate
 
 __all__ = ["as_schedule", "as_unit_schedule", "check_positive_schedule", "ConstantSchedule", "PerStepSchedule",
-           "polynomial_lr", "rescaled_momentum"]
+           "polynomial_lr", "rescaled_momentum", "FixedInterval", "StaleIntervals", "GrowingInterval"]
 
 
 class ConstantSchedule(nn.Cell):
@@ -110,3 +110,4 @@ def as_unit_schedule(value, name, label):
 
 
 from .spngd import polynomial_lr, rescaled_momentum  # noqa: E402  (uses _validate only)
+from .rules import FixedInterval, GrowingInterval, StaleIntervals  # noqa: E402

@@ -70,11 +70,11 @@ class _MonteCarloPass(nn.Cell):
     """Graph 1: forward/backward on the sampled-label loss (captures run), gradients discarded;
     BatchNorm moving statistics restored; capture flags parked in ``saved`` and switched off."""
 
-    def __init__(self, sampled_network, weights, flags, saved, moving):
+    def __init__(self, sampled_network, weights, control, saved, moving):
         super().__init__(auto_prefix=False)
         self.sampled_network = sampled_network
         self.weights = weights
-        self.flags = flags
+        self.control = control
         self.saved = saved
         self.moving = moving
         self.grad = ops.GradOperation(get_by_list=True)
@@ -86,25 +86,19 @@ class _MonteCarloPass(nn.Cell):
         grads = self.grad(self.sampled_network, self.weights)(data)
         for i in range(len(self.moving)):
             ops.assign(self.moving[i], ops.depend(kept[i], grads))
-        # explicit data dependencies: grads -> snapshot -> saved -> flags off
-        flags = ()
-        for i in range(len(self.flags)):
-            flags += (ops.depend(self.flags[i], grads),)
-        parked = ops.assign(self.saved, ops.stack(flags))
-        for i in range(len(self.flags)):
-            ops.assign(self.flags[i], ops.depend(ops.zeros((), ms.bool_), parked))
+        parked = self.control.park(self.saved, grads)
         return ops.depend(ops.zeros((), ms.float32), parked)
 
 
 class _TrueStep(nn.Cell):
     """Graph 2: forward/backward on the user's loss with capture off, flags restored, optimizer."""
 
-    def __init__(self, loss_network, optimizer, flags, saved, pending, sens, grad_reducer):
+    def __init__(self, loss_network, optimizer, control, saved, pending, sens, grad_reducer):
         super().__init__(auto_prefix=False)
         self.loss_network = loss_network
         self.optimizer = optimizer
         self.weights = optimizer.parameters
-        self.flags = flags
+        self.control = control
         self.saved = saved
         self.pending = pending
         self.sens = sens
@@ -117,16 +111,10 @@ class _TrueStep(nn.Cell):
         grads = self.grad(self.loss_network, self.weights)(data, label, sens)
         grads = self.grad_reducer(grads)
         restore = ops.depend(self.saved, grads)
-        restored = ()
-        for i in range(len(self.flags)):
-            restored += (ops.assign(self.flags[i], restore[i]),)
-        grads = ops.depend(grads, ops.stack(restored))
+        grads = ops.depend(grads, self.control.restore(restore))
         loss = ops.depend(loss, self.optimizer(grads))
         cleared = ops.assign(self.saved, ops.depend(ops.zeros_like(restore), loss))
-        due = ()
-        for i in range(len(self.flags)):
-            due += (ops.depend(self.flags[i], cleared),)
-        ops.assign(self.pending, ops.stack(due).any())
+        ops.assign(self.pending, self.control.any_after(cleared))
         return loss
 
 
@@ -165,14 +153,10 @@ class MCFisherTrainStep(nn.Cell):
         if not isinstance(loss_fn, nn.Cell):
             raise TypeError(f"loss_fn must be a mindspore.nn.Cell, got {type(loss_fn).__name__}")
         self.network = network
-        flags = []
-        for capture in optimizer.captures:
-            flags += [capture.capture_a, capture.capture_g]
-        for capture in optimizer.norm_captures:
-            flags.append(capture.capture_f)
-        flags = ms.ParameterTuple(flags)
+        control = optimizer.capture_control
+        control.claim(type(self).__name__)
         prefix = optimizer.policy.name
-        saved = ms.Parameter(Tensor(np.zeros(len(flags), np.bool_)), name=f"{prefix}.mc.saved_flags",
+        saved = ms.Parameter(Tensor(np.zeros(control.statistics, np.bool_)), name=f"{prefix}.mc.saved_flags",
                              requires_grad=False)
         pending = ms.Parameter(Tensor(True), name=f"{prefix}.mc.pending", requires_grad=False)
         moving = []
@@ -184,11 +168,10 @@ class MCFisherTrainStep(nn.Cell):
             grad_reducer = nn.DistributedGradReducer(optimizer.parameters)
         self.pending = pending
         self.monte_carlo = _MonteCarloPass(_SampledLoss(network, distribution, seed), optimizer.parameters,
-                                           flags, saved, ms.ParameterTuple(moving))
-        self.train_step = _TrueStep(nn.WithLossCell(network, loss_fn), optimizer, flags, saved, pending,
+                                           control, saved, ms.ParameterTuple(moving))
+        self.train_step = _TrueStep(nn.WithLossCell(network, loss_fn), optimizer, control, saved, pending,
                                     float(optimizer.loss_scale), grad_reducer)
         self.optimizer = optimizer
-        optimizer.mc_driver = True
 
     def __call__(self, data, label):
         if bool(self.pending.asnumpy()):

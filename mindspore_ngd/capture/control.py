@@ -1,0 +1,104 @@
+"""The one owner of the capture flags.
+
+Every statistic (A and G of each preconditioned layer, the unit-wise Fisher of each BatchNorm layer)
+has a boolean flag Parameter that the network's capture reads in the forward and backward pass: the
+statistic is computed only on steps whose flag is set. The flags live in the capture cells (the
+network's graph reads them), but only :class:`CaptureControl` writes them: the optimizer's refresh
+rule decides through :meth:`set_all` / :meth:`set_each` (and THOR's trace probes through
+:meth:`set_probes`), and a training step that drives the capture itself (the Monte-Carlo Fisher
+step) parks and restores them through :attr:`flags` after :meth:`claim`.
+
+Statistic order, used by every vector over statistics: A of every layer, then G of every layer,
+then F of every BatchNorm layer.
+"""
+import mindspore as ms
+from mindspore import nn, ops, ParameterTuple
+
+__all__ = ["CaptureControl"]
+
+
+class CaptureControl(nn.Cell):
+    """Writes the capture flags of one optimizer's statistics (see the module docstring).
+
+    Args:
+        layer_captures: the ``LayerCapture`` cells of the preconditioned layers, in layer order.
+        norm_captures: the ``NormCapture`` cells of the unit-wise BatchNorm layers.
+    """
+
+    def __init__(self, layer_captures, norm_captures):
+        super().__init__(auto_prefix=False)
+        layer_captures, norm_captures = list(layer_captures), list(norm_captures)
+        self.flags = ParameterTuple([c.capture_a for c in layer_captures] + [c.capture_g for c in layer_captures]
+                                    + [c.capture_f for c in norm_captures])
+        self.statistics = len(self.flags)
+        self.layers = len(layer_captures)
+        probes = [c for c in layer_captures if c.traces_enabled]
+        self.has_probes = bool(probes)
+        if self.has_probes:
+            self.probes = ParameterTuple([c.trace_a for c in probes] + [c.trace_g for c in probes])
+        self.driver = None
+
+    def claim(self, driver):
+        """Record (Python side, before compilation) that a training step drives the capture itself;
+        ``driver`` names it in messages. A second, different driver is refused."""
+        if self.driver is not None and self.driver != driver:
+            raise RuntimeError(f"the capture is already driven by {self.driver}")
+        self.driver = driver
+
+    def any(self):
+        """Whether any statistic is captured this step (one Stack + ReduceAny, not a chain of ORs)."""
+        flags = ()
+        for flag in self.flags:
+            flags += (flag,)
+        return ops.stack(flags).any()
+
+    def layer_flags(self, k):
+        """(capture A?, capture G?) of layer ``k`` this step."""
+        return self.flags[k], self.flags[self.layers + k]
+
+    def norm_flag(self, j):
+        return self.flags[2 * self.layers + j]
+
+    def set_all(self, due):
+        """Capture every statistic next step, or none (a bool scalar)."""
+        for flag in self.flags:
+            ops.assign(flag, due)
+
+    def set_each(self, due):
+        """Per-statistic flags for the next step: a bool vector or tuple in statistic order."""
+        for i in range(self.statistics):
+            ops.assign(self.flags[i], due[i])
+
+    def park(self, saved, token):
+        """Monte-Carlo step: store the flags in the bool vector Parameter ``saved`` (after ``token``)
+        and switch every capture off; returns the store, for ordering."""
+        flags = ()
+        for flag in self.flags:
+            flags += (ops.depend(flag, token),)
+        parked = ops.assign(saved, ops.stack(flags))
+        for flag in self.flags:
+            ops.assign(flag, ops.depend(ops.zeros((), ms.bool_), parked))
+        return parked
+
+    def restore(self, values):
+        """Monte-Carlo step: set the flags back from the parked vector ``values``."""
+        restored = ()
+        for i in range(self.statistics):
+            restored += (ops.assign(self.flags[i], values[i]),)
+        return ops.stack(restored)
+
+    def any_after(self, token):
+        """Whether any statistic is due, read after ``token`` (the flags the rule set for next step)."""
+        due = ()
+        for flag in self.flags:
+            due += (ops.depend(flag, token),)
+        return ops.stack(due).any()
+
+    def probing(self):
+        """Whether this step probes the traces (THOR's trace rule; all probe flags are set together)."""
+        return self.probes[0]
+
+    def set_probes(self, due):
+        """Probe the batch traces next step, or not (a bool scalar)."""
+        for probe in self.probes:
+            ops.assign(probe, due)

@@ -1,0 +1,169 @@
+"""The Kronecker-factored curvature block of one Dense or Conv2d layer.
+
+A :class:`KroneckerBlock` owns everything the optimizer keeps for its layer -- the moving-average
+factors A and G, their damped inverses (dense, or THOR's block-diagonal split), the update counts,
+the has-inverse flag, the capture cell that computes the batch factors inside the network, and the
+layer's place in the gradient tuple -- and the three steps applied to them: fold a batch into the
+averages, refresh the inverses, precondition the gradient ``G^-1 dW A^-1``.
+
+Methods return new values; the optimizer writes them with :meth:`write_factors` /
+:meth:`write_inverses` in its main graph (MindSpore 2.10 disconnects a Parameter assigned inside a
+run-time branch from its host value). Parameter names are ``{prefix}.{layer}.A``, ``.G``, ``.A_inv``,
+``.G_inv``, ``.A_updates``, ``.G_updates`` and ``.has_inverse``, as in every checkpoint so far.
+Distributed, a block this rank does not own keeps (1, 1) placeholders of its factors and inverses
+and is never folded or inverted here.
+"""
+import numpy as np
+
+import mindspore as ms
+from mindspore import nn, ops, Parameter, Tensor
+
+from ..capture import LayerCapture
+from . import inverse as inv_ops
+from .blocks import BlockLayout, apply_left, apply_right, to_blocks
+from .statistics import fold_statistic
+
+__all__ = ["KroneckerBlock"]
+
+
+def _square(dim, name, fill, owned):
+    dim = dim if owned else 1
+    return Parameter(Tensor(np.eye(dim, dtype=np.float32) * fill), name=name, requires_grad=False)
+
+
+def _identity_inverse(layout, name, owned):
+    if layout.count == 1 or not owned:
+        return _square(layout.dim, name, 1.0, owned)
+    eye = np.broadcast_to(np.eye(layout.size, dtype=np.float32), (layout.count, layout.size, layout.size))
+    return Parameter(Tensor(np.ascontiguousarray(eye)), name=name, requires_grad=False)
+
+
+class KroneckerBlock(nn.Cell):
+    """Curvature block ``A (x) G`` of one Dense/Conv2d layer (see the module docstring).
+
+    Args:
+        spec (LayerSpec): the layer.
+        prefix (str): the optimizer's Parameter prefix.
+        weight_index, bias_index (int): positions of the layer's weight and bias (-1: none) among the
+            optimizer's parameters.
+        owned (bool): this rank folds, inverts and preconditions the layer.
+        split_dim (Optional[int]): invert factors larger than this as blocks of this size.
+        loss_scale (float): fixed loss scale (G is unscaled by its square).
+        traces (bool): also probe the batch traces (THOR's trace rule).
+    """
+
+    def __init__(self, spec, prefix, weight_index, bias_index, owned=True, split_dim=None, loss_scale=1.0,
+                 traces=False):
+        super().__init__(auto_prefix=False)
+        self.spec = spec
+        self.weight_index = weight_index
+        self.bias_index = bias_index
+        self.owned = owned
+        base = f"{prefix}.{spec.name}"
+        self.a_layout = BlockLayout.of(spec.a_dim, split_dim)
+        self.g_layout = BlockLayout.of(spec.g_dim, split_dim)
+        self.a_factor = _square(spec.a_dim, f"{base}.A", 0.0, owned)
+        self.g_factor = _square(spec.g_dim, f"{base}.G", 0.0, owned)
+        self.a_inverse = _identity_inverse(self.a_layout, f"{base}.A_inv", owned)
+        self.g_inverse = _identity_inverse(self.g_layout, f"{base}.G_inv", owned)
+        self.a_updates = Parameter(Tensor(0, ms.int32), name=f"{base}.A_updates", requires_grad=False)
+        self.g_updates = Parameter(Tensor(0, ms.int32), name=f"{base}.G_updates", requires_grad=False)
+        self.has_inverse = Parameter(Tensor(False), name=f"{base}.has_inverse", requires_grad=False)
+        self.capture = LayerCapture(spec, prefix, loss_scale, traces)
+
+    # ------------------------------------------------------------------ factors
+    def factors(self):
+        """(A, G, A update count, G update count) as stored."""
+        return self.a_factor, self.g_factor, self.a_updates, self.g_updates
+
+    def factor(self, which):
+        return self.g_factor if which else self.a_factor
+
+    def updates(self, which):
+        return self.g_updates if which else self.a_updates
+
+    def batch(self, token):
+        """The captured batch (A, G), read after ``token`` (a value computed from every gradient: the
+        first layer's G is written by the last hook of the backward pass, and without this data
+        dependency the read saw the previous step's G -- measured, MindSpore 2.10 CPU)."""
+        return ops.depend(self.capture.a_batch, token), ops.depend(self.capture.g_batch, token)
+
+    def batch_trace(self, which):
+        return self.capture.g_trace if which else self.capture.a_trace
+
+    def fold(self, state, a_batch, g_batch, take_a, take_g, decay, track_changes):
+        """Fold the batch factors captured this step (``take_a``/``take_g``: the capture flags) into the averages: ``(new A, new G, outcome)`` with
+        ``outcome`` = (A taken, G taken, A rejected, G rejected, A change, G change) as float32
+        scalars (changes only with ``track_changes``)."""
+        a_factor, g_factor, a_updates, g_updates = state
+        a, a_count, a_bad, a_change = fold_statistic(a_factor, a_updates, a_batch, take_a, decay, track_changes)
+        g, g_count, g_bad, g_change = fold_statistic(g_factor, g_updates, g_batch, take_g, decay, track_changes)
+        outcome = (ops.cast(a_count - a_updates, ms.float32), ops.cast(g_count - g_updates, ms.float32),
+                   ops.cast(a_bad, ms.float32), ops.cast(g_bad, ms.float32))
+        if track_changes:
+            outcome += (a_change, g_change)
+        return a, g, outcome
+
+    def write_factors(self, state):
+        ops.assign(self.a_factor, state[0])
+        ops.assign(self.g_factor, state[1])
+        ops.assign(self.a_updates, state[2])
+        ops.assign(self.g_updates, state[3])
+
+    # ------------------------------------------------------------------ inverses
+    def inverses(self):
+        """(A inverse, G inverse, has-inverse flag) as stored."""
+        return self.a_inverse, self.g_inverse, self.has_inverse
+
+    @staticmethod
+    def ready(state):
+        """Both factors have been captured at least once."""
+        return ops.logical_and(state[2] > 0, state[3] > 0)
+
+    def refreshed(self, state, ready, damping, policy, inverses):
+        """``(A inverse, G inverse, taken, fault)``: new damped inverses if ``ready`` and every check
+        passes (factors plausibly PSD, results finite with a positive diagonal), else the old ones."""
+        a_safe, a_valid = inv_ops.sanitize(state[0])
+        g_safe, g_valid = inv_ops.sanitize(state[1])
+        a_shift, g_shift = inv_ops.split_damping(a_safe, g_safe, damping, policy.damping_split)
+        a_inv, a_ok = inv_ops.damped_inverse(to_blocks(a_safe, self.a_layout), a_shift, policy.inverse_method,
+                                             inv_ops.trace_jitter(a_safe, policy.jitter))
+        g_inv, g_ok = inv_ops.damped_inverse(to_blocks(g_safe, self.g_layout), g_shift, policy.inverse_method,
+                                             inv_ops.trace_jitter(g_safe, policy.jitter))
+        ok = ops.logical_and(ops.logical_and(a_valid, g_valid), ops.logical_and(a_ok, g_ok))
+        take = ops.logical_and(ok, ready)
+        new_a = ops.select(ops.broadcast_to(take, a_inv.shape), a_inv, inverses[0])
+        new_g = ops.select(ops.broadcast_to(take, g_inv.shape), g_inv, inverses[1])
+        fault = ops.cast(ops.logical_and(ready, ops.logical_not(ok)), ms.int32)
+        return new_a, new_g, take, fault
+
+    def write_inverses(self, state):
+        ops.assign(self.a_inverse, state[0])
+        ops.assign(self.g_inverse, state[1])
+        ops.assign(self.has_inverse, state[2])
+
+    # ------------------------------------------------------------------ gradient
+    def gradient(self, gradients):
+        """The layer's gradient as a float32 ``(g_dim, a_dim)`` matrix, bias as the last column."""
+        grad = gradients[self.weight_index]
+        matrix = ops.cast(grad, ms.float32).reshape(grad.shape[0], -1)
+        if self.bias_index >= 0:
+            bias = ops.cast(gradients[self.bias_index], ms.float32)
+            matrix = ops.concat((matrix, bias.reshape(-1, 1)), 1)
+        return matrix
+
+    def precondition(self, inverses, matrix):
+        """``G^-1 dW A^-1``. Until the first accepted refresh the inverses are still the identity they
+        were initialised to, and ``I dW I == dW`` exactly."""
+        return apply_right(apply_left(inverses[1], matrix, self.g_layout), inverses[0], self.a_layout)
+
+    def part(self, matrix, is_bias, shape, dtype):
+        """The weight (or bias) part of a ``(g_dim, a_dim)`` matrix, shaped and typed like its gradient."""
+        columns = matrix.shape[1]
+        if is_bias:
+            part = ops.narrow(matrix, 1, columns - 1, 1)
+        elif self.bias_index >= 0:
+            part = ops.narrow(matrix, 1, 0, columns - 1)
+        else:
+            part = matrix
+        return ops.cast(part.reshape(shape), dtype)

@@ -1,0 +1,66 @@
+"""The unit-wise curvature block of one BatchNorm layer (SP-NGD, Osawa et al. 2020, sec. 4.3).
+
+Each channel c is a unit with its own 2x2 Fisher of (gamma_c, beta_c), stored as the three distinct
+entries per channel in a (C, 3) Parameter ``{prefix}.{layer}.F`` with its update count
+``.F_updates``; the capture cell probes the per-example gradients inside the network (see
+:class:`mindspore_ngd.capture.NormCapture`). The natural gradient is the closed-form
+``(F_c + damping I)^-1 [g_gamma, g_beta]``.
+"""
+import numpy as np
+
+import mindspore as ms
+from mindspore import nn, ops, Parameter, Tensor
+
+from ..capture import NormCapture
+from .factors import unit_natural_gradient
+from .statistics import fold_statistic
+
+__all__ = ["UnitBatchNormBlock"]
+
+
+class UnitBatchNormBlock(nn.Cell):
+    """Unit-wise Fisher block of one BatchNorm layer.
+
+    Args:
+        spec (NormSpec): the layer.
+        prefix (str): the optimizer's Parameter prefix.
+        gamma_index, beta_index (int): positions of gamma and beta among the optimizer's parameters.
+        loss_scale (float): fixed loss scale of the training cell.
+    """
+
+    def __init__(self, spec, prefix, gamma_index, beta_index, loss_scale=1.0):
+        super().__init__(auto_prefix=False)
+        self.spec = spec
+        self.gamma_index = gamma_index
+        self.beta_index = beta_index
+        base = f"{prefix}.{spec.name}"
+        self.fisher = Parameter(Tensor(np.zeros((spec.channels, 3), np.float32)), name=f"{base}.F",
+                                requires_grad=False)
+        self.fisher_updates = Parameter(Tensor(0, ms.int32), name=f"{base}.F_updates", requires_grad=False)
+        self.capture = NormCapture(spec, prefix, loss_scale)
+
+    def factors(self):
+        return self.fisher, self.fisher_updates
+
+    def batch(self, token):
+        return ops.depend(self.capture.f_batch, token)
+
+    def fold(self, state, batch, flag, decay, track_changes):
+        """``((new F, new count), rejected, change)``, as :func:`mindspore_ngd.curvature.statistics.fold_statistic`."""
+        fisher, count, rejected, change = fold_statistic(state[0], state[1], batch, flag, decay, track_changes)
+        return (fisher, count), rejected, change
+
+    def write_factors(self, state):
+        ops.assign(self.fisher, state[0])
+        ops.assign(self.fisher_updates, state[1])
+
+    def gradients(self, gradients):
+        return (ops.cast(gradients[self.gamma_index], ms.float32), ops.cast(gradients[self.beta_index], ms.float32))
+
+    def precondition(self, state, grads, damping):
+        """Unit-wise natural gradients (gamma, beta), float32; a layer whose Fisher was never captured
+        keeps its plain gradient."""
+        grad_gamma, grad_beta = grads
+        pre_gamma, pre_beta = unit_natural_gradient(state[0], grad_gamma, grad_beta, damping)
+        known = ops.broadcast_to(state[1] > 0, grad_gamma.shape)
+        return ops.select(known, pre_gamma, grad_gamma), ops.select(known, pre_beta, grad_beta)

@@ -1,0 +1,74 @@
+"""What distinguishes one natural-gradient optimizer from another: a frozen :class:`Policy`."""
+import dataclasses
+from typing import Optional, Union
+
+from .. import _validate
+from ..curvature.inverse import DAMPING_SPLITS, INVERSE_METHODS
+from ..schedule.rules import FixedInterval, GrowingInterval, StaleIntervals
+
+__all__ = ["Policy", "FISHER_KINDS", "default_decay_filter"]
+
+FISHER_KINDS = ("empirical", "mc")
+RULES = (FixedInterval, StaleIntervals, GrowingInterval)
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """Every choice that makes K-FAC, SP-NGD or THOR; the engine's machinery is the same for all.
+
+    Attributes:
+        name: prefix of every state Parameter ("kfac", "spngd", "thor").
+        refresh: the refresh rule -- :class:`mindspore_ngd.schedule.FixedInterval` (K-FAC),
+            :class:`~mindspore_ngd.schedule.StaleIntervals` (SP-NGD) or
+            :class:`~mindspore_ngd.schedule.GrowingInterval` (THOR, optionally with the trace rule).
+        damping_split: "pi" (factored Tikhonov, Martens & Grosse 2015 sec. 6.3) or "sqrt".
+        inverse_method: "cholesky", "lu" or "eigh" (see :mod:`mindspore_ngd.curvature.inverse`).
+        kl_clip: KL-clipping bound, or None for no rescaling.
+        jitter: extra damping ``jitter * trace(factor)`` that keeps float32 Cholesky safe.
+        split_dim: invert factors larger than this as block-diagonal with blocks of this size
+            (THOR's hardware-driven splitting); None inverts whole factors.
+        clip_norm: clip every final gradient tensor (after preconditioning and weight decay) to this
+            L2 norm, as MindSpore's THOR ``enable_clip_grad`` does; None disables.
+        batchnorm_damping: precondition BatchNorm gamma/beta unit-wise (one damped 2x2 Fisher per
+            channel, SP-NGD) with this damping; None gives them the plain update.
+        damping_floor: the damping used is ``max(damping, damping_floor)`` (SP-NGD floors it at the
+            weight-decay coefficient).
+        fisher: "empirical" (G from the training labels) or "mc" (G from labels sampled from the
+            model's predictive distribution; needs :class:`mindspore_ngd.MCFisherTrainStep`).
+    """
+    name: str = "kfac"
+    refresh: Union[FixedInterval, StaleIntervals, GrowingInterval] = FixedInterval()
+    damping_split: str = "pi"
+    inverse_method: str = "cholesky"
+    kl_clip: Optional[float] = 1e-3
+    jitter: float = 1e-6
+    split_dim: Optional[int] = None
+    clip_norm: Optional[float] = None
+    batchnorm_damping: Optional[float] = None
+    damping_floor: float = 0.0
+    fisher: str = "empirical"
+
+    def validated(self):
+        """The policy itself, after checking every field (TypeError/ValueError naming the field)."""
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ValueError(f"name must be an identifier-like prefix, got {self.name!r}")
+        if not isinstance(self.refresh, RULES):
+            raise TypeError(f"refresh must be one of {[r.__name__ for r in RULES]}, got {type(self.refresh).__name__}")
+        self.refresh.validated()
+        _validate.one_of("damping_split", self.damping_split, DAMPING_SPLITS)
+        _validate.one_of("inverse_method", self.inverse_method, INVERSE_METHODS)
+        _validate.optional_positive_float("kl_clip", self.kl_clip)
+        _validate.non_negative_float("jitter", self.jitter)
+        if self.split_dim is not None:
+            _validate.positive_int("split_dim", self.split_dim)
+        _validate.optional_positive_float("clip_norm", self.clip_norm)
+        _validate.optional_positive_float("batchnorm_damping", self.batchnorm_damping)
+        _validate.non_negative_float("damping_floor", self.damping_floor)
+        _validate.one_of("fisher", self.fisher, FISHER_KINDS)
+        return self
+
+
+def default_decay_filter(param):
+    """Weight decay applies to parameters with more than one dimension (weights of Dense/Conv and
+    embeddings), not to biases and normalisation scales/shifts (BatchNorm/LayerNorm gamma, beta)."""
+    return len(param.shape) > 1

@@ -1,0 +1,88 @@
+"""What an optimizer can tell about itself, read on the Python side (``asnumpy``), never in a graph."""
+import logging
+
+__all__ = ["Inspection"]
+
+logger = logging.getLogger("mindspore_ngd")
+
+
+class Inspection:
+    """Inspection methods of :class:`mindspore_ngd.NGDOptimizer` (a mixin; reads its blocks and rule)."""
+
+    @property
+    def owned_layers(self):
+        """Names of the preconditioned layers this rank owns (all of them on a single device)."""
+        return tuple(b.spec.name for b in self.blocks if b.owned)
+
+    def kronecker_factors(self):
+        """``{layer_name: (A, G)}``: the current moving-average factors as NumPy arrays (distributed:
+        of the layers this rank owns)."""
+        return {b.spec.name: (b.a_factor.asnumpy().copy(), b.g_factor.asnumpy().copy())
+                for b in self.blocks if b.owned}
+
+    def parallel_state(self):
+        """Distributed: ``{"world_size", "rank", "position", "owned_layers", "inversions": {layer: count}}``
+        (inversions: how many times this rank computed each layer's inverses); None on one device."""
+        if self.communicator is None:
+            return None
+        counts = self.exchange.inversions.asnumpy()
+        return {"world_size": self.communicator.world_size, "rank": self.communicator.rank,
+                "position": self.communicator.position, "owned_layers": list(self.owned_layers),
+                "inversions": {s.name: int(counts[k]) for k, s in enumerate(self.layer_specs)}}
+
+    def decayed_parameters(self):
+        """Names of the parameters that receive weight decay."""
+        return [p.name for p, flag in zip(self._parameters, self._decay) if flag]
+
+    def state_counters(self):
+        """Fault and refresh counters as Python ints, plus the refresh rule's own counters (SP-NGD:
+        ``statistic_refreshes``; THOR: ``interval``, ``next_refresh``, ``layer_refreshes``)."""
+        counters = {"step": int(self.global_step.asnumpy().reshape(-1)[0]),
+                    "inverse_refreshes": int(self.inverse_refreshes.asnumpy()),
+                    "factor_faults": int(self.factor_faults.asnumpy()),
+                    "inverse_faults": int(self.inverse_faults.asnumpy()),
+                    "skipped_steps": int(self.skipped_steps.asnumpy())}
+        counters.update(self.refresh_rule.counters())
+        return counters
+
+    def refresh_state(self):
+        """``{statistic: (interval, next refresh step, refreshes so far)}`` as Python ints, for a rule
+        with per-statistic intervals (SP-NGD's stale statistics); TypeError for other rules."""
+        if not getattr(self.policy.refresh, "per_statistic", False):
+            raise TypeError(f"{type(self).__name__} has no per-statistic refresh intervals (its refresh rule is "
+                            f"{type(self.policy.refresh).__name__}; SP-NGD's StaleIntervals has them)")
+        return self.refresh_rule.refresh_state(self.statistic_names)
+
+    def summary(self):
+        """A printable table of the preconditioned layers and their factor sizes."""
+        rows = [("layer", "kind", "weight", "bias", "A", "G")]
+        for s in self.layer_specs:
+            rows.append((s.name, s.kind, "x".join(map(str, s.weight_shape)), "yes" if s.has_bias else "no",
+                         f"{s.a_dim}x{s.a_dim}", f"{s.g_dim}x{s.g_dim}"))
+        widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        floats = sum(s.a_dim ** 2 + s.g_dim ** 2 for s in self.layer_specs)
+        lines.append(f"{len(self.layer_specs)} preconditioned layers, {floats:,} floats per factor set "
+                     f"({4 * floats / 2 ** 20:.1f} MiB; factors, inverses and batch buffers hold 3 sets)")
+        for name, reason in self.skipped_layers:
+            lines.append(f"not preconditioned: {name} ({reason})")
+        if self.communicator is not None:
+            owned = sum(b.spec.a_dim ** 2 + b.spec.g_dim ** 2 for b in self.blocks if b.owned)
+            lines.append(f"distributed: rank {self.communicator.rank} of {self.communicator.world_size} owns "
+                         f"{len(self.owned_layers)} layers [{', '.join(self.owned_layers)}], {owned:,} floats per "
+                         "factor set (the others hold 1x1 placeholders; batch buffers stay whole)")
+        return "\n".join(lines)
+
+    def _log_layers(self):
+        """One INFO line naming the preconditioned and the plain-update layers (and, distributed, one
+        naming the collectives)."""
+        plain = [p.name for i, p in enumerate(self._parameters) if self._roles[i][0] < 0 and self._norm_roles[i][0] < 0]
+        norms = f"; unit-wise BatchNorm: {', '.join(s.name for s in self.norm_specs)}" if self.norm_specs else ""
+        skipped = ("; not preconditioned: " + ", ".join(f"{n} ({r})" for n, r in self.skipped_layers)
+                   if self.skipped_layers else "")
+        logger.info("%s: preconditioning %d layers [%s]; plain momentum update for %d parameters [%s]%s",
+                    type(self).__name__, len(self.layer_specs), ", ".join(s.name for s in self.layer_specs),
+                    len(plain), ", ".join(plain), skipped + norms)
+        if self.communicator is not None:
+            logger.info("%s: %s", type(self).__name__, self.communicator.describe())
