@@ -14,10 +14,9 @@ One training step, as :meth:`NGDOptimizer.construct` reads:
    parameter; a step with a non-finite gradient changes no weight and no moment and is counted;
 6. plan -- the rule updates its state and sets the capture flags of the next step.
 
-K-FAC, SP-NGD and THOR differ only in their :class:`~mindspore_ngd.Policy`. Every layer's state
-lives in its block (:class:`~mindspore_ngd.curvature.kronecker.KroneckerBlock`,
-:class:`~mindspore_ngd.curvature.unitwise.UnitBatchNormBlock`); the collectives, in their one
-order, in the exchange (:mod:`mindspore_ngd.parallel.exchange`).
+K-FAC, SP-NGD and THOR differ only in their :class:`~mindspore_ngd.Policy`. Each layer's state lives
+in its block (:mod:`mindspore_ngd.curvature.kronecker`, :mod:`~mindspore_ngd.curvature.unitwise`),
+the collectives in their one order in the exchange (:mod:`mindspore_ngd.parallel.exchange`).
 
 MindSpore 2.10 constraints that shape this code (each measured): state Parameters are written only
 in the main graph, never inside a run-time branch (a Parameter assigned inside an ``if`` on a
@@ -33,24 +32,23 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
-from .. import _validate
 from ..capture import CaptureControl, attach
 from ..curvature.kronecker import KroneckerBlock
 from ..curvature.unitwise import UnitBatchNormBlock
 from ..parallel import comm as parallel_comm
 from ..parallel.exchange import DistributedExchange, LocalExchange
-from ..parallel.plan import BALANCES
-from ..schedule import as_schedule, as_unit_schedule, check_positive_schedule
+from ..schedule import as_schedule, as_unit_schedule
 from .layers import discover, parameter_roles
-from .policy import Policy, default_decay_filter
+from .policy import Policy, check_arguments, default_decay_filter
 from .report import Inspection
+from .update import Update
 
 __all__ = ["NGDOptimizer"]
 
 logger = logging.getLogger("mindspore_ngd")
 
 
-class NGDOptimizer(Inspection, nn.Optimizer):
+class NGDOptimizer(Inspection, Update, nn.Optimizer):
     """Natural-gradient optimizer engine (an ``nn.Optimizer``); use :class:`mindspore_ngd.KFAC` etc.
 
     Args:
@@ -88,21 +86,9 @@ class NGDOptimizer(Inspection, nn.Optimizer):
                  factor_decay=0.95, loss_scale=1.0, policy=Policy(), nesterov=False,
                  decay_filter=None, skip_layers=(), verbose=True, distributed="auto", grad_worker_fraction=None,
                  balance="compute"):
-        if not isinstance(network, nn.Cell):
-            raise TypeError(f"network must be a mindspore.nn.Cell, got {type(network).__name__}")
-        learning_rate = check_positive_schedule("learning_rate", learning_rate)
-        check_positive_schedule("damping", damping)
-        if isinstance(momentum, (int, float)) and not isinstance(momentum, bool):
-            momentum = _validate.float_in_range("momentum", momentum, 0.0, 1.0, high_inclusive=True)
-        weight_decay = _validate.non_negative_float("weight_decay", weight_decay)
-        factor_decay = _validate.float_in_range("factor_decay", factor_decay, 0.0, 1.0)
-        loss_scale = _validate.positive_float("loss_scale", loss_scale)
-        if not isinstance(policy, Policy):
-            raise TypeError(f"policy must be a mindspore_ngd.Policy, got {type(policy).__name__}")
-        policy = policy.validated()
-        if decay_filter is not None and not callable(decay_filter):
-            raise TypeError("decay_filter must be a callable Parameter -> bool")
-        _validate.one_of("balance", balance, BALANCES)
+        learning_rate, momentum, weight_decay, factor_decay, loss_scale, policy = check_arguments(
+            network, learning_rate, damping, momentum, weight_decay, factor_decay, loss_scale, policy, decay_filter,
+            balance)
         params = list(network.trainable_params())
         if not params:
             raise ValueError("network has no trainable parameters (all requires_grad=False?): "
@@ -276,8 +262,7 @@ class NGDOptimizer(Inspection, nn.Optimizer):
 
     @staticmethod
     def _status(outcomes, track):
-        """Flatten the per-layer outcomes to [A taken.., G taken.., A rejected.., G rejected..,
-        A changes.., G changes..] (statistic order within each field)."""
+        """Per-layer outcomes -> [A taken.., G taken.., A rejected.., G rejected..(, A, G changes..)]."""
         status = ()
         for field in range(3 if track else 2):
             for part in range(2):
@@ -378,48 +363,3 @@ class NGDOptimizer(Inspection, nn.Optimizer):
         for pair in pairs:
             scaled_pairs += ((pair[0] * nu, pair[1] * nu),)
         return scaled, scaled_pairs
-
-    def _assemble(self, gradients, preconditioned):
-        """Gradient tuple with each preconditioned layer's weight/bias replaced, dtypes kept."""
-        matrices, pairs = preconditioned
-        out = ()
-        for i in range(self.num_params):
-            layer, is_bias = self._roles[i]
-            norm, which = self._norm_roles[i]
-            grad = gradients[i]
-            if norm >= 0:
-                grad = ops.cast(pairs[norm][which].reshape(grad.shape), grad.dtype)
-            if layer >= 0:
-                grad = self.blocks[layer].part(matrices[layer], is_bias, grad.shape, grad.dtype)
-            out += (grad,)
-        return out
-
-    def _update(self, gradients, lr, finite):
-        """Weight decay, optional clipping and the momentum update; a non-finite step leaves weights
-        and moments untouched (lr 0, momentum 1, gradient 0) and is counted."""
-        lr_eff = ops.select(finite, ops.cast(lr, ms.float32), ops.zeros((), ms.float32))
-        momentum = self.momentum if self.momentum_schedule is None else self.momentum_schedule(self.global_step)
-        momentum_eff = ops.select(finite, momentum, ops.ones((), ms.float32))
-        success = ()
-        for i in range(self.num_params):
-            param = self._parameters[i]
-            grad = gradients[i]
-            if self._decay[i]:
-                grad = grad + ops.cast(self.weight_decay_value, grad.dtype) * param
-            if self.policy.clip_norm is not None:
-                norm = ops.sqrt(ops.reduce_sum(ops.cast(grad, ms.float32) ** 2))
-                scale = ops.minimum(self.policy.clip_norm / ops.maximum(norm, 1e-30), 1.0)
-                grad = grad * ops.cast(scale, grad.dtype)
-            grad = ops.select(ops.broadcast_to(finite, grad.shape), grad, ops.zeros_like(grad))
-            success += (self.apply_momentum(param, self.moments[i], ops.cast(lr_eff, param.dtype), grad,
-                                            ops.cast(momentum_eff, param.dtype)),)
-        ops.assign_add(self.skipped_steps, ops.cast(ops.logical_not(finite), ms.int32))
-        return success
-
-    @staticmethod
-    def _all_finite(gradients):
-        # one Concat + IsFinite + ReduceAll instead of 3 kernels per parameter
-        flat = ()
-        for grad in gradients:
-            flat += (ops.cast(grad, ms.float32).reshape(-1),)
-        return ops.isfinite(ops.concat(flat)).all()

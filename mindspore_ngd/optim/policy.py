@@ -2,11 +2,15 @@
 import dataclasses
 from typing import Optional, Union
 
+from mindspore import nn
+
 from .. import _validate
 from ..curvature.inverse import DAMPING_SPLITS, INVERSE_METHODS
+from ..parallel.plan import BALANCES
+from ..schedule import check_positive_schedule
 from ..schedule.rules import FixedInterval, GrowingInterval, StaleIntervals
 
-__all__ = ["Policy", "FISHER_KINDS", "default_decay_filter"]
+__all__ = ["Policy", "FISHER_KINDS", "default_decay_filter", "check_arguments"]
 
 FISHER_KINDS = ("empirical", "mc")
 RULES = (FixedInterval, StaleIntervals, GrowingInterval)
@@ -72,3 +76,26 @@ def default_decay_filter(param):
     """Weight decay applies to parameters with more than one dimension (weights of Dense/Conv and
     embeddings), not to biases and normalisation scales/shifts (BatchNorm/LayerNorm gamma, beta)."""
     return len(param.shape) > 1
+
+
+def check_arguments(network, learning_rate, damping, momentum, weight_decay, factor_decay, loss_scale, policy,
+                    decay_filter, balance):
+    """The engine's arguments checked before anything is built (TypeError/ValueError naming the
+    argument and its allowed range); returns the normalised ``(learning_rate, momentum,
+    weight_decay, factor_decay, loss_scale, policy)``."""
+    if not isinstance(network, nn.Cell):
+        raise TypeError(f"network must be a mindspore.nn.Cell, got {type(network).__name__}")
+    learning_rate = check_positive_schedule("learning_rate", learning_rate)
+    check_positive_schedule("damping", damping)
+    if isinstance(momentum, (int, float)) and not isinstance(momentum, bool):
+        momentum = _validate.float_in_range("momentum", momentum, 0.0, 1.0, high_inclusive=True)
+    weight_decay = _validate.non_negative_float("weight_decay", weight_decay)
+    factor_decay = _validate.float_in_range("factor_decay", factor_decay, 0.0, 1.0)
+    loss_scale = _validate.positive_float("loss_scale", loss_scale)
+    if not isinstance(policy, Policy):
+        raise TypeError(f"policy must be a mindspore_ngd.Policy, got {type(policy).__name__}")
+    policy = policy.validated()
+    if decay_filter is not None and not callable(decay_filter):
+        raise TypeError("decay_filter must be a callable Parameter -> bool")
+    _validate.one_of("balance", balance, BALANCES)
+    return learning_rate, momentum, weight_decay, factor_decay, loss_scale, policy
