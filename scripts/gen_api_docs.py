@@ -1,0 +1,335 @@
+"""Generate docs/api.md from the public API of mindspore_ngd, so that the reference cannot drift.
+
+    python scripts/gen_api_docs.py            # (re)write docs/api.md
+    python scripts/gen_api_docs.py --check    # exit 1, with a diff, if docs/api.md is out of date
+
+What is documented, in this order:
+
+* every name in ``mindspore_ngd.__all__``, then every name in the ``__all__`` of the public
+  sub-packages listed in :data:`MODULES` that define one (a sub-package without ``__all__`` is
+  skipped), each in its ``__all__`` order;
+* for each name: the signature from :func:`inspect.signature` and the docstring cleaned by
+  :func:`inspect.getdoc`; for a class also its public methods and properties, those defined in the
+  class itself (methods inherited from another ``mindspore_ngd`` class are listed by name with a link;
+  MindSpore's own ``Cell`` / ``Optimizer`` / ``Callback`` methods, and the hooks that override them
+  such as ``construct``, are left out);
+* a name exported twice (``mindspore_ngd.RefreshMonitor`` is ``mindspore_ngd.train.RefreshMonitor``)
+  is documented once and linked from the second place.
+
+Nothing is written by hand: change a docstring or a signature, then run this script. The output
+is deterministic (no memory addresses, annotations normalised across Python versions), so
+``--check`` compares byte for byte. The repository root is put first on ``sys.path``, so the
+package documented is this repository's ``mindspore_ngd`` whether or not it is installed.
+Pure Python; it imports ``mindspore_ngd`` (and so MindSpore).
+"""
+import argparse
+import difflib
+import importlib
+import inspect
+import os
+import re
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+API_PATH = os.path.join("docs", "api.md")
+
+# the package first, then its public sub-packages (documented when they define __all__)
+MODULES = ("mindspore_ngd", "mindspore_ngd.schedule", "mindspore_ngd.parallel", "mindspore_ngd.train")
+
+# methods of a documented class that users do not call themselves (besides the framework hooks
+# that _own_members leaves out)
+SKIPPED_METHODS = {"construct"}
+
+WRAP_WIDTH = 88
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_OPTIONAL = re.compile(r"\bUnion\[([^\[\]]+), NoneType\]")
+
+
+# ---------------------------------------------------------------------- rendering helpers
+def _clean(text):
+    """Strip memory addresses from a repr, so that the output does not change between runs."""
+    return _ADDRESS.sub("", text)
+
+
+def _format_default(value):
+    if inspect.isfunction(value) or inspect.isbuiltin(value) or inspect.isclass(value):
+        return value.__qualname__
+    return _clean(repr(value))
+
+
+def _format_annotation(annotation):
+    text = inspect.formatannotation(annotation)
+    text = text.replace("typing.", "")
+    text = re.sub(r"\bmindspore_ngd(\.\w+)*\.(?=[A-Z])", "", text)   # mindspore_ngd.parallel.plan.WorkItem
+    text = _OPTIONAL.sub(r"Optional[\1]", text)                      # Python 3.9 spells Optional as Union
+    return _clean(text)
+
+
+def _format_parameters(signature):
+    parts, slash_needed, star_done = [], False, False
+    for param in signature.parameters.values():
+        kind = param.kind
+        if kind is param.POSITIONAL_ONLY:
+            slash_needed = True
+        elif slash_needed:
+            parts.append("/")
+            slash_needed = False
+        if kind is param.KEYWORD_ONLY and not star_done:
+            parts.append("*")
+            star_done = True
+        text = param.name
+        if kind is param.VAR_POSITIONAL:
+            text, star_done = "*" + text, True
+        elif kind is param.VAR_KEYWORD:
+            text = "**" + text
+        if param.annotation is not param.empty:
+            text += ": " + _format_annotation(param.annotation)
+            if param.default is not param.empty:
+                text += " = " + _format_default(param.default)
+        elif param.default is not param.empty:
+            text += "=" + _format_default(param.default)
+        parts.append(text)
+    if slash_needed:
+        parts.append("/")
+    return parts
+
+
+def _signature_block(name, obj, prefix="", method=False):
+    """A fenced Python block with ``name(params)``, one parameter per line when it is long.
+
+    ``method``: ``obj`` is a function defined in a class; its ``self`` / ``cls`` is not shown.
+    """
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None
+    if method:
+        params = list(signature.parameters.values())
+        if params and params[0].name in ("self", "cls"):
+            signature = signature.replace(parameters=params[1:])
+    parts = _format_parameters(signature)
+    returns = ""
+    if signature.return_annotation is not signature.empty and not inspect.isclass(obj):
+        returns = " -> " + _format_annotation(signature.return_annotation)
+    one_line = f"{prefix}{name}({', '.join(parts)}){returns}"
+    if len(one_line) <= WRAP_WIDTH:
+        body = one_line
+    else:
+        body = "\n".join([f"{prefix}{name}("] + [f"    {p}," for p in parts] + [f"){returns}"])
+    return f"```python\n{body}\n```"
+
+
+def _docstring_block(obj):
+    doc = inspect.getdoc(obj)
+    if not doc:
+        return "*(no docstring)*"
+    return "```text\n" + _clean(doc) + "\n```"
+
+
+def _anchor(qualified):
+    """The GitHub-style anchor of a heading that reads `` `qualified` ``."""
+    return re.sub(r"[^a-z0-9_\- ]", "", qualified.lower()).replace(" ", "-")
+
+
+def _is_package_class(cls):
+    return inspect.isclass(cls) and (cls.__module__ or "").split(".")[0] == "mindspore_ngd"
+
+
+def _member_kind(value):
+    if isinstance(value, property):
+        return "property"
+    if isinstance(value, staticmethod):
+        return "staticmethod"
+    if isinstance(value, classmethod):
+        return "classmethod"
+    if inspect.isfunction(value):
+        return "method"
+    return None
+
+
+def _framework_hook(cls, name):
+    """True when ``name`` overrides a method of a MindSpore (or other non-package) base class, such
+    as ``Cell.construct`` or ``Callback.on_train_epoch_end``: the framework calls it, users do not."""
+    return any(name in vars(base) for base in cls.__mro__[1:]
+               if base is not object and not _is_package_class(base))
+
+
+def _own_members(cls):
+    """Public methods and properties defined in ``cls`` itself, in definition order."""
+    members = []
+    for name, value in vars(cls).items():
+        if name.startswith("_") or name in SKIPPED_METHODS or _framework_hook(cls, name):
+            continue
+        kind = _member_kind(value)
+        if kind is not None:
+            members.append((name, kind, value))
+    return members
+
+
+def _inherited_members(cls):
+    """``(owner, name)`` of public methods/properties inherited from other mindspore_ngd classes."""
+    seen = {name for name, _, _ in _own_members(cls)}
+    inherited = []
+    for base in cls.__mro__[1:]:
+        if not _is_package_class(base):
+            continue
+        for name, _, _ in _own_members(base):
+            if name not in seen:
+                seen.add(name)
+                inherited.append((base, name))
+    return inherited
+
+
+def _render_member(qualified_class, name, kind, value):
+    lines = [f"#### `{qualified_class}.{name}`", ""]
+    if kind != "method":
+        lines += [f"*{kind}*", ""]
+    target = value.fget if kind == "property" else getattr(value, "__func__", value)
+    if kind != "property":
+        signature = _signature_block(name, target, method=kind != "staticmethod")
+        if signature:
+            lines += [signature, ""]
+    lines += [_docstring_block(target), ""]
+    return lines
+
+
+def _render_object(module_name, name, obj, documented):
+    """Lines for one public name. ``documented``: object id -> where it was documented first."""
+    qualified = f"{module_name}.{name}"
+    lines = [f"### `{qualified}`", ""]
+    first = documented.get(id(obj))
+    if first is not None and first != qualified:
+        return lines + [f"The same object as [`{first}`](#{_anchor(first)}).", ""]
+    if inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj):
+        defined = getattr(obj, "__module__", None)
+        kind = "class" if inspect.isclass(obj) else "function"
+        where = f", defined in `{defined}`" if defined and defined != module_name else ""
+        lines += [f"*{kind}{where}*", ""]
+        signature = _signature_block(name, obj, prefix="class " if inspect.isclass(obj) else "")
+        if signature:
+            lines += [signature, ""]
+        lines += [_docstring_block(obj), ""]
+        if inspect.isclass(obj):
+            for member_name, member_kind, value in _own_members(obj):
+                lines += _render_member(qualified, member_name, member_kind, value)
+            inherited = _inherited_members(obj)
+            if inherited:
+                links = []
+                for base, member in inherited:
+                    target = documented.get(id(base))
+                    text = f"`{base.__name__}.{member}`"
+                    links.append(f"[{text}](#{_anchor(f'{target}.{member}')})" if target else text)
+                lines += ["Inherited: " + ", ".join(links) + ".", ""]
+    else:
+        lines += [f"*{type(obj).__name__}*", "", "```python", f"{name} = {_clean(repr(obj))}", "```", ""]
+    return lines
+
+
+# ---------------------------------------------------------------------- the document
+def _public_modules():
+    modules = []
+    for module_name in MODULES:
+        module = importlib.import_module(module_name)
+        names = getattr(module, "__all__", None)
+        if names is not None:
+            modules.append((module_name, module, list(names)))
+    return modules
+
+
+def render():
+    """The text of docs/api.md for the mindspore_ngd that ``import mindspore_ngd`` finds."""
+    modules = _public_modules()
+    # where each class or function is documented first: re-exports link there, and subclasses link
+    # to the inherited methods
+    documented = {}
+    for module_name, module, names in modules:
+        for name in names:
+            obj = getattr(module, name, None)
+            if (inspect.isclass(obj) or inspect.isfunction(obj)) and id(obj) not in documented:
+                documented[id(obj)] = f"{module_name}.{name}"
+    package = importlib.import_module("mindspore_ngd")
+    lines = [
+        "# API reference",
+        "",
+        "<!-- Generated by scripts/gen_api_docs.py from the docstrings and signatures of mindspore_ngd.",
+        "     Do not edit by hand: change the code, then run `python scripts/gen_api_docs.py`;",
+        "     tests/test_api_docs.py fails when this file is out of date. -->",
+        "",
+        f"Generated from `mindspore_ngd` {getattr(package, '__version__', '')}: every name in the `__all__` "
+        "of the modules below, with its signature and docstring. How the pieces fit together is in "
+        "[algorithms.md](algorithms.md) and [distributed.md](distributed.md).",
+        "",
+    ]
+    for module_name, _, names in modules:
+        links = ", ".join(f"[`{n}`](#{_anchor(f'{module_name}.{n}')})" for n in names)
+        lines.append(f"- `{module_name}`: {links}")
+    lines.append("")
+    for module_name, module, names in modules:
+        lines += [f"## `{module_name}`", ""]
+        doc = inspect.getdoc(module)
+        if doc:
+            lines += ["```text", _clean(doc), "```", ""]
+        for name in names:
+            if not hasattr(module, name):
+                lines += [f"### `{module_name}.{name}`", "", "*(listed in `__all__` but missing)*", ""]
+                continue
+            lines += _render_object(module_name, name, getattr(module, name), documented)
+    while lines and lines[-1] == "":
+        lines.pop()
+    return "\n".join(lines) + "\n"
+
+
+def _ensure_importable(root):
+    if root not in sys.path:
+        sys.path.insert(0, root)
+
+
+def check(root=REPO_ROOT):
+    """``(up_to_date, message)`` comparing ``root/docs/api.md`` with what :func:`render` produces."""
+    _ensure_importable(root)
+    expected = render()
+    path = os.path.join(root, API_PATH)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            current = handle.read()
+    except FileNotFoundError:
+        return False, f"{API_PATH} does not exist; run: python scripts/gen_api_docs.py"
+    if current == expected:
+        return True, f"{API_PATH} is up to date"
+    diff = list(difflib.unified_diff(current.splitlines(), expected.splitlines(),
+                                     f"{API_PATH} (committed)", f"{API_PATH} (generated)", lineterm="", n=2))
+    shown = diff[:80] + ([f"... {len(diff) - 80} more diff lines"] if len(diff) > 80 else [])
+    package = sys.modules.get("mindspore_ngd")
+    source = os.path.dirname(os.path.dirname(os.path.abspath(package.__file__))) if package else "?"
+    note = "" if os.path.abspath(source) == os.path.abspath(root) else \
+        f"\nnote: the mindspore_ngd documented was imported from {source}, not from {root}"
+    return False, (f"{API_PATH} is out of date with the docstrings/signatures; regenerate it with:\n"
+                   f"    python scripts/gen_api_docs.py\n" + "\n".join(shown) + note)
+
+
+def write(root=REPO_ROOT):
+    """Write ``root/docs/api.md``; returns its path."""
+    _ensure_importable(root)
+    path = os.path.join(root, API_PATH)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(render())
+    return path
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Generate docs/api.md from mindspore_ngd's docstrings.")
+    parser.add_argument("--check", action="store_true",
+                        help="do not write; exit 1 with a diff if docs/api.md differs from the generated text")
+    args = parser.parse_args(argv)
+    if args.check:
+        ok, message = check()
+        print(message, file=sys.stdout if ok else sys.stderr)
+        return 0 if ok else 1
+    print(f"wrote {os.path.relpath(write())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
