@@ -1,6 +1,6 @@
 """Damped inverses of Kronecker factors and the factored damping split, in graph-mode ops.
 
-Why the inversion is guarded the way it is (measured on MindSpore 2.10, see FACTS.md):
+Why the inversion is guarded the way it is (measured on MindSpore 2.10, docs/cpu_notes.md):
 
 * ``ops.cholesky`` raises ``RuntimeError: Cholesky expects symmetric positive definite matrices``
   for a non-positive-definite or NaN input, and the executor then fails every later call too.

@@ -48,8 +48,8 @@ class KFAC(NGDOptimizer):
             from the model's predictive distribution; train with
             :class:`mindspore_ngd.MCFisherTrainStep`).
         verbose (bool): log the preconditioned / plain layers on the "mindspore_ngd" logger.
-        distributed: "auto" (default), True or False; see :class:`mindspore_ngd.NGDOptimizer` and the
-            README's "Distributed training".
+        distributed: "auto" (default), True or False; see :class:`mindspore_ngd.NGDOptimizer` and
+            docs/distributed.md.
         grad_worker_fraction: fraction of the ranks that own each layer (``k/N``); None is ``1/N``.
         balance (str): "compute" (default) or "memory": what the layer ownership balances.
 

@@ -63,8 +63,8 @@ class SPNGD(NGDOptimizer):
         decay_filter (callable): ``Parameter -> bool``; default decays parameters with 2+ dimensions.
         skip_layers (iterable of str): Dense/Conv2d cell names to leave un-preconditioned.
         verbose (bool): log the preconditioned layers. Default True.
-        distributed: "auto" (default), True or False; see :class:`mindspore_ngd.NGDOptimizer` and the
-            README's "Distributed training".
+        distributed: "auto" (default), True or False; see :class:`mindspore_ngd.NGDOptimizer` and
+            docs/distributed.md.
         grad_worker_fraction: fraction of the ranks that own each layer (``k/N``); None is ``1/N``.
         balance (str): "compute" (default) or "memory": what the layer ownership balances.
 
