@@ -4,7 +4,14 @@ import sys
 
 # must be set before MindSpore loads oneDNN: 3x3 convolutions are 13-40x faster on AVX-512 CPUs
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
-sys.path.insert(0, os.path.dirname(__file__))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(TESTS)
+# shared helpers (nets.py, reference/) import by bare name
+sys.path.insert(0, TESTS)
+# the benchmarks package and the model zoo are not installed: import them from the checkout (appended,
+# so that an installed mindspore_ngd is still the one under test when pytest runs outside the root)
+if REPO_ROOT not in sys.path:
+    sys.path.append(REPO_ROOT)
 
 import mindspore as ms  # noqa: E402
 import pytest  # noqa: E402

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from mindspore_ngd.benchmarks import comm_model as cm
-from mindspore_ngd.benchmarks.comm_model import Layer
+from benchmarks import comm_model as cm
+from benchmarks.comm_model import Layer
 
 
 def test_resnet50_shapes():

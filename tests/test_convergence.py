@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import mindspore_ngd as ngd
-from mindspore_ngd.benchmarks import convergence, data
-from mindspore_ngd.benchmarks.tasks import TASKS
+from benchmarks import convergence, data
+from benchmarks.tasks import TASKS
 
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 BASE_OPTIMIZERS = ["momentum", "adam", "sgd", "kfac", "thor"]

@@ -7,9 +7,9 @@ from mindspore import nn
 from mindspore.train import Model
 
 import mindspore_ngd as ngd
-from mindspore_ngd.benchmarks.data import array_dataset, digits_arrays
-from mindspore_ngd.benchmarks.models import DigitsCNN
-from mindspore_ngd.demo import train_digits
+from benchmarks.data import array_dataset, digits_arrays
+from benchmarks.models import DigitsCNN
+from benchmarks.demo import train_digits
 
 
 def test_kfac_trains_faster_than_momentum_per_epoch():

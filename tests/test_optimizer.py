@@ -203,7 +203,7 @@ def test_fixed_loss_scale_gives_the_same_update():
         net = DenseNet()
         opt = ngd.KFAC(net, learning_rate=0.1, loss_scale=scale, inverse_update_interval=1, verbose=False)
         model = Model(net, CE, opt, loss_scale_manager=FixedLossScaleManager(scale, drop_overflow_update=False))
-        from mindspore_ngd.benchmarks.data import array_dataset
+        from benchmarks.data import array_dataset
         model.train(1, array_dataset(x.asnumpy(), y.asnumpy(), 8, shuffle=False), dataset_sink_mode=False)
         results.append(({p.name: p.asnumpy() for p in net.trainable_params()}, opt.kronecker_factors()))
     for name in results[0][0]:

@@ -197,7 +197,7 @@ def test_check_checkpoint_rejects_another_world_size_ownership_or_rank(tmp_path)
 
 
 def test_distributed_benchmark_table_formats_one_process_and_rank_rows():
-    from mindspore_ngd.benchmarks.distributed import markdown
+    from benchmarks.distributed import markdown
     base = dict(rank=0, owned=10, owned_cost_share=1.0, inversion_ms=40.0, quiet_ms=50.0, refresh_ms=90.0,
                 amortised_ms=60.0, factor_bytes=1.2e6, factor_bytes_reduce_scatter=0.7e6,
                 full_factor_allreduce_bytes=2.3e6, gather_bytes=0.16e6, dp_gradient_allreduce_bytes=0.3e6)

@@ -277,8 +277,8 @@ def test_mc_fisher_optimizer_without_the_mc_step_fails_clearly():
 
 
 def test_mc_fisher_trains_in_model_train():
-    from mindspore_ngd.benchmarks.data import array_dataset, digits_arrays
-    from mindspore_ngd.benchmarks.models import DigitsCNN
+    from benchmarks.data import array_dataset, digits_arrays
+    from benchmarks.models import DigitsCNN
     ms.set_seed(0)
     xtr, ytr, xte, yte = digits_arrays()
     net = DigitsCNN()
@@ -292,8 +292,8 @@ def test_mc_fisher_trains_in_model_train():
 
 # ------------------------------------------------------------------ Model.train, schedules, arguments
 def test_spngd_trains_a_batchnorm_cnn_in_model_train_with_refresh_monitor():
-    from mindspore_ngd.benchmarks.data import array_dataset, digits_arrays
-    from mindspore_ngd.benchmarks.models import DigitsCNN
+    from benchmarks.data import array_dataset, digits_arrays
+    from benchmarks.models import DigitsCNN
     ms.set_seed(0)
     xtr, ytr, xte, yte = digits_arrays()
     net = DigitsCNN(batchnorm=True)

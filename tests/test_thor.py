@@ -197,8 +197,8 @@ def test_enable_clip_grad_bounds_every_update():
 
 
 def test_thor_trains_the_digits_cnn_on_cpu_in_model_train():
-    from mindspore_ngd.benchmarks.data import array_dataset, digits_arrays
-    from mindspore_ngd.benchmarks.models import DigitsCNN
+    from benchmarks.data import array_dataset, digits_arrays
+    from benchmarks.models import DigitsCNN
     x_train, y_train, x_test, y_test = digits_arrays()
     ms.set_seed(0)
     net = DigitsCNN()

@@ -1,6 +1,6 @@
 """Communication / compute / memory model of distributed K-FAC schemes, from layer shapes alone.
 
-    python -m mindspore_ngd.benchmarks.comm_model --model resnet50 --devices 8,256,1024 [--out results/]
+    python -m benchmarks.comm_model --model resnet50 --devices 8,256,1024 [--out results/]
         [--bandwidth-gbps 100] [--tflops 10]
 
 Pure Python + NumPy: nothing runs on a device. For one *refresh step* (batch factors reduced, inverses
@@ -46,7 +46,7 @@ import json
 import os
 from dataclasses import dataclass, field, asdict
 
-from ..parallel.plan import plan_ownership, tri_size
+from mindspore_ngd.parallel.plan import plan_ownership, tri_size
 
 FLOAT_BYTES = 4
 MB = 1e6

@@ -1,4 +1,10 @@
-"""Models, data sets and benchmark scripts (``python -m mindspore_ngd.benchmarks.<name>``)."""
+"""The repository's benchmark harness: models, data sets and scripts, run from the repository root
+as ``python -m benchmarks.<name>``.
+
+Not part of the installed package (``setup.py`` installs ``mindspore_ngd`` only): the library does
+not carry its benchmarks, their data loaders or the quick-start demo. Their extra dependencies are
+the ``examples`` and ``bench`` extras.
+"""
 import json
 import os
 import platform

@@ -2,7 +2,7 @@
 
 Each :class:`Task` knows how to load its arrays (already shaped for its network), build a fresh
 network, the training loss cell, and how to evaluate a network on the whole training and test sets
-(in NumPy, from the network's outputs). Used by :mod:`mindspore_ngd.benchmarks.convergence`.
+(in NumPy, from the network's outputs). Used by :mod:`benchmarks.convergence`.
 """
 import functools
 from dataclasses import dataclass

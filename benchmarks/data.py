@@ -16,7 +16,7 @@ def digits_arrays(test_fraction=0.2, seed=0):
     try:
         from sklearn.datasets import load_digits
     except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError("the digits data set needs scikit-learn: pip install 'mindspore_ngd[examples]'") from err
+        raise ImportError("the digits data set needs scikit-learn: pip install scikit-learn (the examples extra: pip install '.[examples]')") from err
     digits = load_digits()
     x = (digits.images / 16.0).astype(np.float32)[:, None, :, :]
     y = digits.target.astype(np.int32)

@@ -1,6 +1,6 @@
 """SP-NGD's stale statistics at work: refresh ratio, step time and accuracy against K-FAC and Momentum.
 
-    python -m mindspore_ngd.benchmarks.spngd_refresh [--networks cnn-bn,resnet8] [--epochs 10] [--out results/]
+    python -m benchmarks.spngd_refresh [--networks cnn-bn,resnet8] [--epochs 10] [--out results/]
 
 For each network (scikit-learn's digits; "cnn-bn" is the digits CNN with BatchNorm, "resnet8" a
 CIFAR-style ResNet with BatchNorm) trains, with the same initial weights, data order, learning rate
@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 
 import mindspore as ms  # noqa: E402
 
-from ..demo import NETWORKS, train_digits  # noqa: E402
+from .demo import NETWORKS, train_digits  # noqa: E402
 from . import save_results  # noqa: E402
 
 COMMON = dict(damping=1e-2, kl_clip=1e-3, factor_decay=0.9)

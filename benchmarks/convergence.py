@@ -1,10 +1,10 @@
 """Time-to-accuracy benchmark: natural-gradient optimizers against MindSpore's first-order ones.
 
-    python -m mindspore_ngd.benchmarks.convergence --task digits-cnn \\
+    python -m benchmarks.convergence --task digits-cnn \\
         --optimizers momentum,adam,sgd,kfac,thor --seeds 3 --out results/
-    python -m mindspore_ngd.benchmarks.convergence --task all --quick      # one seed, few epochs
+    python -m benchmarks.convergence --task all --quick      # one seed, few epochs
 
-For every task (``--task``, see :mod:`mindspore_ngd.benchmarks.tasks`), optimizer, grid point
+For every task (``--task``, see :mod:`benchmarks.tasks`), optimizer, grid point
 (learning rate, and damping for the natural-gradient optimizers) and seed, one training run:
 
 * same initial weights (``ms.set_seed(seed)`` before building the network) and the same data order
@@ -581,7 +581,7 @@ def main(argv=None):
                 for path in args.from_json}
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
-    command = "python -m mindspore_ngd.benchmarks.convergence " + " ".join(
+    command = "python -m benchmarks.convergence " + " ".join(
         argv if argv is not None else sys.argv[1:])
     outputs = {}
     for task_name in args.tasks:

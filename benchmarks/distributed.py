@@ -1,10 +1,12 @@
 """Distributed K-FAC on CPU ranks: factor bytes, per-rank inversion time and step time, 2 ranks vs 1 process.
 
     # everything (1 process here, then 2 ranks through msrun), one table:
-    python -m mindspore_ngd.benchmarks.distributed [--workers 2] [--out results/]
-    # the multi-rank part alone (msrun needs a script path, not -m):
+    python -m benchmarks.distributed [--workers 2] [--out results/]
+    # the multi-rank part alone (msrun launches "python ARGS..." as given when the script is "python"):
     msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --log_dir=msrun_log --join=True \\
-        mindspore_ngd/benchmarks/distributed.py --out results/
+        python -m benchmarks.distributed --out results/
+
+Both from the repository root: ``benchmarks`` is not installed with the package.
 
 Model: ``ResNetCifar(blocks_per_stage=1, width=16, in_channels=1)`` (10 preconditioned layers) on
 scikit-learn's 8x8 digits (synthetic 8x8 inputs if scikit-learn is missing), a global batch of
@@ -45,12 +47,14 @@ import mindspore as ms  # noqa: E402
 from mindspore import nn, ops, Tensor  # noqa: E402
 
 RANKS_FILE = "distributed_ranks.json"
+# msrun starts the workers (and its scheduler) as "python -m benchmarks.distributed" in this directory
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METRICS = ("inversion_ms", "quiet_ms", "refresh_ms", "amortised_ms", "compile_s")
 
 
 def _data(batch, seed=0):
     try:
-        from mindspore_ngd.benchmarks.data import digits_arrays
+        from .data import digits_arrays
         x, y, _, _ = digits_arrays()
         source = "digits"
     except ImportError:
@@ -88,7 +92,7 @@ class _Barrier(nn.Cell):
 def measure(rank, world, args):
     """Train, time, and describe this rank's share; a dict of plain numbers."""
     from mindspore_ngd import KFAC
-    from mindspore_ngd.benchmarks.models import ResNetCifar
+    from .models import ResNetCifar
     ms.set_seed(0)
     net = ResNetCifar(blocks_per_stage=1, width=16, in_channels=1)
     opt = KFAC(net, learning_rate=0.05, damping=1e-2, inverse_update_interval=args.period, verbose=rank == 0)
@@ -226,17 +230,17 @@ def _free_port():
 
 
 def driver(args):
-    from mindspore_ngd.benchmarks import save_results
+    from . import save_results
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
     single = measure(0, 1, args)
     workdir = tempfile.mkdtemp(prefix="ngd_bench_")
     command = ["msrun", f"--worker_num={args.workers}", f"--local_worker_num={args.workers}",
                f"--master_port={_free_port()}", f"--log_dir={os.path.join(workdir, 'logs')}", "--join=True",
-               os.path.abspath(__file__), "--out", workdir, "--batch", str(args.batch), "--period", str(args.period),
-               "--rounds", str(args.rounds), "--repeats", str(args.repeats)]
+               "python", "-m", "benchmarks.distributed", "--out", workdir, "--batch", str(args.batch),
+               "--period", str(args.period), "--rounds", str(args.rounds), "--repeats", str(args.repeats)]
     start = time.time()
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=args.timeout)

@@ -1,6 +1,6 @@
 """Epochs and seconds to Momentum's best test accuracy on scikit-learn's digits, per optimizer.
 
-    python -m mindspore_ngd.benchmarks.digits_epochs [--epochs 10] [--out results/]
+    python -m benchmarks.digits_epochs [--epochs 10] [--out results/]
 
 Runs (same CNN, initial weights, data order and learning rate 0.05): ``nn.Momentum``, K-FAC, THOR
 with 64-blocks and THOR without splitting. Prints a Markdown table (final training loss, best test
@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 
 import mindspore as ms  # noqa: E402
 
-from ..demo import first_reaching, train_digits  # noqa: E402
+from .demo import first_reaching, train_digits  # noqa: E402
 from . import save_results  # noqa: E402
 
 RUNS = {

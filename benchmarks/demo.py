@@ -1,6 +1,6 @@
 """K-FAC, THOR and Momentum side by side on scikit-learn's digits (the quick-start job).
 
-    python -m mindspore_ngd.demo [--epochs 10] [--lr 0.05] [--batch-size 64] [--mode graph|pynative]
+    python -m benchmarks.demo [--epochs 10] [--lr 0.05] [--batch-size 64] [--mode graph|pynative]
 
 Trains the same small CNN (same initial weights, same data order) with ``nn.Momentum``,
 :class:`mindspore_ngd.KFAC` and :class:`mindspore_ngd.THOR` through stock
@@ -72,7 +72,7 @@ OPTIMIZERS = ("momentum", "kfac", "spngd", "thor")
 def digits_network(name):
     """The digits networks: "cnn" (no BatchNorm), "cnn-bn" (BatchNorm after each convolution) and
     "resnet8" (a CIFAR-style ResNet with one basic block per stage, width 16, on 8x8x1 images)."""
-    from .benchmarks.models import DigitsCNN, ResNetCifar
+    from .models import DigitsCNN, ResNetCifar
     if name == "cnn":
         return DigitsCNN()
     if name == "cnn-bn":
@@ -89,8 +89,8 @@ def train_digits(optimizer="kfac", epochs=10, lr=0.05, batch_size=64, seed=0, ve
     ``kfac_kwargs`` override the second-order optimizer's arguments. SP-NGD rows also carry the
     epoch's refresh ratio (statistics recomputed per step / number of statistics).
     """
-    from .benchmarks.data import array_dataset, digits_arrays
-    from . import KFAC
+    from mindspore_ngd import KFAC
+    from .data import array_dataset, digits_arrays
 
     x_train, y_train, x_test, y_test = digits_arrays()
     ms.set_seed(seed)
@@ -101,13 +101,13 @@ def train_digits(optimizer="kfac", epochs=10, lr=0.05, batch_size=64, seed=0, ve
         kwargs.update(kfac_kwargs)
         opt = KFAC(net, learning_rate=lr, **kwargs)
     elif optimizer == "thor":
-        from . import THOR
+        from mindspore_ngd import THOR
         kwargs = dict(damping=1e-2, momentum=0.9, frequency=10, split_dim=64, trace_threshold=0.05,
                       kl_clip=1e-3, verbose=verbose)
         kwargs.update(kfac_kwargs)
         opt = THOR(net, learning_rate=lr, **kwargs)
     elif optimizer == "spngd":
-        from . import SPNGD
+        from mindspore_ngd import SPNGD
         kwargs = dict(damping=1e-2, momentum=0.9, kl_clip=1e-3, verbose=verbose)
         kwargs.update(kfac_kwargs)
         opt = SPNGD(net, learning_rate=lr, **kwargs)
@@ -118,7 +118,7 @@ def train_digits(optimizer="kfac", epochs=10, lr=0.05, batch_size=64, seed=0, ve
     model = Model(net, loss_fn, opt)
     callbacks = []
     if hasattr(opt, "refresh_state"):
-        from .train import RefreshMonitor
+        from mindspore_ngd.train import RefreshMonitor
         callbacks.append(RefreshMonitor(opt, verbose=False))
     log = _EpochLog(net, (x_train, y_train), (x_test, y_test), verbose, optimizer,
                     callbacks[0] if callbacks else None)

@@ -1,6 +1,6 @@
 """Step-time benchmark: K-FAC versus nn.Momentum, refresh and non-refresh steps, side by side.
 
-    python -m mindspore_ngd.benchmarks.step_time [--models digits,resnet20] [--rounds 5] [--out results/]
+    python -m benchmarks.step_time [--models digits,resnet20] [--rounds 5] [--out results/]
 
 For each model three training cells are built in one process (same architecture, same batch):
 
@@ -42,14 +42,14 @@ MODELS = {
 
 def _build(model_name, optimizer, period, seed=0):
     from . import models
-    from .. import KFAC
+    from mindspore_ngd import KFAC
     ctor = MODELS[model_name][0]
     ms.set_seed(seed)
     net = getattr(models, ctor)()
     if optimizer == "momentum":
         opt = nn.Momentum(net.trainable_params(), learning_rate=0.01, momentum=0.9)
     elif optimizer.startswith("thor"):
-        from .. import THOR
+        from mindspore_ngd import THOR
         split_dim = None if optimizer.endswith("nosplit") else 128
         opt = THOR(net, learning_rate=0.01, damping=1e-2, frequency=period, split_dim=split_dim, verbose=False)
     else:
