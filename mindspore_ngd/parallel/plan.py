@@ -1,7 +1,9 @@
-"""Layer ownership for distributed natural-gradient training, and buffer packing.
+"""Layer ownership for distributed natural-gradient training.
 
-Pure Python (NumPy only for :func:`triu_flat_indices`): no device, no MindSpore import.
-Every rank builds the same plan from the same inputs, so no communication is needed to agree on it.
+Pure Python: no device, no MindSpore import. Every rank builds the same plan from the same inputs,
+so no communication is needed to agree on it. How the owners' factors and preconditioned gradients
+are laid out in the collectives' flat buffers is :mod:`.packing` (:meth:`OwnershipPlan.factor_layout`,
+:meth:`OwnershipPlan.gradient_layout`).
 
 Ranks, owner groups and replicas
 --------------------------------
@@ -53,20 +55,13 @@ import numbers
 from types import MappingProxyType
 from typing import Tuple
 
-import numpy as np
+from .._validate import int_at_least as _int
+# triu_flat_indices is not used here: parallel/comm.py imports it (with tri_size) from this module
+from .packing import PackLayout, pack_layout, tri_size, triu_flat_indices  # noqa: F401
 
-__all__ = ["WorkItem", "OwnershipPlan", "plan_ownership", "lpt_assign", "grad_workers",
-           "factor_cost", "tri_size", "PackLayout", "pack_layout", "triu_flat_indices"]
+__all__ = ["WorkItem", "OwnershipPlan", "plan_ownership", "lpt_assign", "grad_workers", "factor_cost"]
 
 BALANCES = ("compute", "memory")
-
-
-def _int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -360,69 +355,3 @@ def plan_ownership(items, world_size, grad_worker_fraction=None, balance="comput
     positions = lpt_assign(costs, world_size // m)
     return OwnershipPlan(items=items, world_size=world_size, grad_workers=m, balance=balance,
                          split_dim=split_dim, costs=costs, positions=positions)
-
-
-# --------------------------------------------------------------------------- packing
-def tri_size(dim):
-    """Floats in the upper triangle (diagonal included) of a ``dim x dim`` matrix."""
-    return dim * (dim + 1) // 2
-
-
-@dataclass(frozen=True)
-class PackLayout:
-    """Every position's items packed into one equal-size chunk (padded to the largest).
-
-    Position ``p``'s chunk is ``buffer[p * chunk:(p + 1) * chunk]`` of a buffer of ``total``
-    floats; its item ``j`` is at ``offsets[p][j]`` inside the chunk, ``sizes[p][j]`` long, and
-    ``chunk - used[p]`` padding floats end the chunk. A reduce-scatter of the buffer gives rank
-    ``p`` (of the group) its chunk; an all-gather of the chunks rebuilds the buffer on every rank.
-    """
-    sizes: Tuple[Tuple[int, ...], ...]
-    offsets: Tuple[Tuple[int, ...], ...]
-    chunk: int
-
-    @property
-    def positions(self):
-        return len(self.sizes)
-
-    @property
-    def used(self):
-        return tuple(sum(s) for s in self.sizes)
-
-    @property
-    def total(self):
-        return self.chunk * self.positions
-
-    @property
-    def padding(self):
-        """Padding floats over all chunks (``total - sum(used)``)."""
-        return self.total - sum(self.used)
-
-    def global_offset(self, position, j):
-        """Offset of item ``j`` of ``position`` in the full buffer."""
-        return position * self.chunk + self.offsets[position][j]
-
-
-def pack_layout(sizes_per_position):
-    """:class:`PackLayout` for ``sizes_per_position[p] = [floats of each item of position p]``.
-
-    Items keep their order; the chunk size is the largest per-position total (0 if all are empty).
-    """
-    sizes, offsets = [], []
-    for p, row in enumerate(sizes_per_position):
-        row = tuple(_int(f"size {j} of position {p}", s, 0) for j, s in enumerate(row))
-        starts, at = [], 0
-        for s in row:
-            starts.append(at)
-            at += s
-        sizes.append(row)
-        offsets.append(tuple(starts))
-    chunk = max((sum(r) for r in sizes), default=0)
-    return PackLayout(sizes=tuple(sizes), offsets=tuple(offsets), chunk=chunk)
-
-
-def triu_flat_indices(dim):
-    """Flat (row-major) indices of the upper triangle of a ``dim x dim`` matrix, row by row:
-    ``pack = matrix.reshape(-1)[triu_flat_indices(dim)]`` (usable with a gather op)."""
-    rows, cols = np.triu_indices(dim)
-    return (rows * dim + cols).astype(np.int64)
