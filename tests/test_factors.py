@@ -5,8 +5,9 @@ import pytest
 from mindspore import nn, Tensor
 
 import mindspore_ngd as ngd
-from nets import ConvNet, DenseNet, set_weights
+from nets import CONV_CASES, DenseNet, make_conv_net, set_weights
 from reference import numpy_kfac as ref
+from training import one_step_update
 
 TOL = 1e-5          # norm-wise relative error for A, G and the preconditioned gradient
 CE = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
@@ -57,30 +58,6 @@ def conv_reference(net, x, y, geometry):
     return conv_nchw, big_a, big_g, grad
 
 
-CONV_CASES = [
-    # kernel, stride, pad_mode, padding, dilation, bias
-    ((3, 3), (1, 1), "same", 0, (1, 1), True),
-    ((3, 3), (2, 2), "same", 0, (1, 1), False),
-    ((3, 3), (1, 1), "valid", 0, (1, 1), True),
-    ((3, 3), (2, 2), "pad", (1, 0, 2, 1), (1, 1), True),
-    ((3, 2), (1, 2), "pad", 1, (2, 1), False),
-    ((2, 2), (2, 1), "same", 0, (1, 2), True),
-]
-
-
-def make_conv_net(case, rng, cin=2, cout=3, hw=7):
-    kernel, stride, pad_mode, padding, dilation, bias = case
-    x_shape = (4, cin, hw, hw)
-    _, (oh, ow) = ref.conv_geometry(x_shape, kernel, stride, dilation, pad_mode,
-                                    padding if isinstance(padding, tuple) else (padding,) * 4)
-    net = ConvNet(cin, cout, kernel, stride, pad_mode, padding, dilation, bias, cout * oh * ow)
-    set_weights(net, rng)
-    x = rng.standard_normal(x_shape).astype(np.float32)
-    y = rng.integers(0, 4, x_shape[0]).astype(np.int32)
-    pads = padding if isinstance(padding, tuple) else (padding,) * 4
-    return net, x, y, (kernel, stride, pad_mode, pads, dilation)
-
-
 def make_dense_net(seed, bias, batch):
     rng = np.random.default_rng(seed)
     net = DenseNet(bias=bias)
@@ -113,18 +90,6 @@ def test_conv_factors_match_reference(case):
     got = ngd.kronecker_factors(net, CE, Tensor(x), Tensor(y))
     assert ref.rel_err(got["conv"][0], big_a) < TOL
     assert ref.rel_err(got["conv"][1], big_g) < TOL
-
-
-def one_step_update(net, x, y, split, damping, **kwargs):
-    """Weights before/after one K-FAC step with lr 1 and no momentum, decay or clipping."""
-    before = {p.name: p.asnumpy().astype(np.float64) for p in net.trainable_params()}
-    opt = ngd.KFAC(net, learning_rate=1.0, damping=damping, momentum=0.0, weight_decay=0.0,
-                   factor_decay=0.0, damping_split=split, kl_clip=None, verbose=False, **kwargs)
-    step = nn.TrainOneStepCell(nn.WithLossCell(net, CE), opt)
-    step.set_train()
-    step(Tensor(x), Tensor(y))
-    after = {p.name: p.asnumpy().astype(np.float64) for p in net.trainable_params()}
-    return {name: after[name] - before[name] for name in before}
 
 
 def split_expected(delta, name, matrix, bias):

@@ -9,37 +9,10 @@ from mindspore import nn, Tensor
 from mindspore.train import Model, FixedLossScaleManager
 
 import mindspore_ngd as ngd
-from nets import DenseNet
+from nets import BNNet, DenseNet
+from training import batch, train_step
 
 CE = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-
-
-class BNNet(nn.Cell):
-    """conv (bias) -> BN -> grouped conv -> ReLU -> flatten -> Dense: every kind of parameter."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(2, 4, 3, pad_mode="same", has_bias=True)
-        self.bn = nn.BatchNorm2d(4)
-        self.gconv = nn.Conv2d(4, 4, 3, pad_mode="same", group=2)
-        self.relu = nn.ReLU()
-        self.flatten = nn.Flatten()
-        self.fc = nn.Dense(4 * 5 * 5, 3)
-
-    def construct(self, x):
-        return self.fc(self.flatten(self.relu(self.gconv(self.bn(self.conv(x))))))
-
-
-def batch(seed, n=8, shape=(2, 5, 5), classes=3):
-    rng = np.random.default_rng(seed)
-    return (Tensor(rng.standard_normal((n,) + shape).astype(np.float32)),
-            Tensor(rng.integers(0, classes, n).astype(np.int32)))
-
-
-def train_step(net, opt, loss=CE):
-    step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt)
-    step.set_train()
-    return step
 
 
 def test_parameter_names_and_network_checkpoint_are_unchanged(tmp_path):

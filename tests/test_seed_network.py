@@ -7,7 +7,7 @@ from mindspore import nn, Tensor
 import mindspore_ngd as ngd
 from nets import SeedNet, set_weights
 from reference import numpy_kfac as ref
-from test_factors import one_step_update
+from training import one_step_update
 
 CE = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 TOL = 1e-5

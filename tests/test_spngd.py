@@ -9,10 +9,9 @@ from mindspore.train import Model
 import mindspore_ngd as ngd
 from mindspore_ngd.schedule import polynomial_lr, rescaled_momentum
 from mindspore_ngd.schedule.refresh import stale_plan, stale_update
-from nets import DenseNet, set_weights
+from nets import BNNet, DenseNet, set_weights
 from reference import numpy_kfac as ref
-from test_optimizer import BNNet, batch, train_step
-from test_thor import weights_after
+from training import batch, train_step, weights_after
 
 CE = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 

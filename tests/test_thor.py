@@ -9,20 +9,10 @@ from mindspore.train import Model
 import mindspore_ngd as ngd
 from mindspore_ngd.schedule.refresh import growing_refresh_steps, next_interval, trace_changed
 from mindspore_ngd.schedule.thor import ThorDamping, ThorLR, thor_damping, thor_lr
-from nets import DenseNet
-from test_optimizer import BNNet, batch, train_step
+from nets import CONV_CASES, BNNet, DenseNet, make_conv_net
+from training import batch, train_step, weights_after
 
 CE = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-
-
-def weights_after(make_opt, steps=7, seed=0):
-    ms.set_seed(seed)
-    net = BNNet()
-    opt = make_opt(net)
-    step = train_step(net, opt)
-    for i in range(steps):
-        step(*batch(i))
-    return {p.name: p.asnumpy() for p in net.trainable_params()}, opt
 
 
 def test_thor_without_splitting_or_trace_rule_equals_kfac_with_the_same_policy():
@@ -116,7 +106,6 @@ class _Traces(nn.Cell):
 @pytest.mark.parametrize("case", range(6))
 def test_input_trace_without_forming_the_factor(case):
     from mindspore_ngd.capture import LayerCapture, find_layers
-    from test_factors import CONV_CASES, make_conv_net
     rng = np.random.default_rng(case)
     net, x, y, _ = make_conv_net(CONV_CASES[case], rng)
     factors = ngd.kronecker_factors(net, CE, Tensor(x), Tensor(y))
