@@ -6,8 +6,9 @@ import sys
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(TESTS)
-# shared helpers (nets.py, reference/) import by bare name
-sys.path.insert(0, TESTS)
+# shared helpers import by bare name: nets.py, training.py, reference/ (tests/) and the msrun helper
+# distributed.py with dist_cases.py (tests/distributed/; the msrun workers get the same paths)
+sys.path[:0] = [os.path.join(TESTS, "distributed"), TESTS]
 # the benchmarks package and the model zoo are not installed: import them from the checkout (appended,
 # so that an installed mindspore_ngd is still the one under test when pytest runs outside the root)
 if REPO_ROOT not in sys.path:

@@ -1,6 +1,6 @@
 """Distributed K-FAC / SP-NGD / THOR on 2 CPU ranks (msrun, MCCL) against one process on the whole batch.
 
-One msrun launch (tests/dist_scripts/ngd_worker.py) runs every case of tests/dist_cases.py: each rank
+One msrun launch (tests/distributed/workers/ngd_worker.py) runs every case of dist_cases.py: each rank
 trains on its half of fixed global batches with ``nn.TrainOneStepCell`` under ``DATA_PARALLEL``; the
 single-process references run here. Tolerance on the weights: rtol 1e-5 and atol 1e-5 times the
 tensor's largest magnitude. The factors are averaged with the sums in another order (two half-batch
@@ -25,7 +25,7 @@ CASES = EXACT + ["spngd_bn"]
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory):
     directory = tmp_path_factory.mktemp("ckpt")
-    run = run_msrun("tests/dist_scripts/ngd_worker.py", CASES + ["--checkpoint", str(directory)], workers=2,
+    run = run_msrun("tests/distributed/workers/ngd_worker.py", CASES + ["--checkpoint", str(directory)], workers=2,
                     timeout=420)
     assert sorted(run.results) == [0, 1]
     return run.results
@@ -125,7 +125,7 @@ def test_four_ranks_owner_groups_and_an_idle_rank():
     over the owner group on CPU) and 1/4 with 3 layers (rank 3 owns nothing but takes part in every
     collective)."""
     names = ["kfac", "kfac_half", "thor_trace"]
-    results = run_msrun("tests/dist_scripts/ngd_worker.py", names, workers=4, timeout=600).results
+    results = run_msrun("tests/distributed/workers/ngd_worker.py", names, workers=4, timeout=600).results
     for name in names:
         ref = dist_cases.run_case(name)[0]
         weights = [_weights(results[r]["cases"][name]) for r in range(4)]

@@ -3,10 +3,11 @@
 Driver side (pytest)::
 
     from distributed import run_msrun
-    run = run_msrun("tests/dist_scripts/equivalence.py", ["--steps", "3"], workers=2, timeout=240)
+    run = run_msrun("tests/distributed/workers/equivalence.py", ["--steps", "3"], workers=2, timeout=240)
     assert run.results[0]["loss"] == run.results[1]["loss"]
 
-Worker side (the launched script; ``tests/`` and the repository root are on its ``PYTHONPATH``)::
+Worker side (the launched script; the repository root, ``tests/`` and ``tests/distributed/`` are on
+its ``PYTHONPATH``)::
 
     from distributed import run_worker, write_result
 
@@ -37,8 +38,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.abspath(__file__))          # tests/distributed: this module, dist_cases.py
+TESTS_DIR = os.path.dirname(HERE)                           # tests: nets.py, training.py, reference/
+REPO_ROOT = os.path.dirname(TESTS_DIR)
 OUT_ENV = "NGD_MSRUN_OUT"
 LOCK_PATH = os.path.join(tempfile.gettempdir(), "mindspore_ngd_msrun.lock")
 _NOISE = re.compile(r"^\[(INFO|WARNING)\] (DISTRIBUTED|DEVICE|ME|PS|RUNTIME_FRAMEWORK|GE|PRE_ACT)\(")
@@ -113,7 +115,8 @@ def run_msrun(script, args=(), workers=2, timeout=300, env=None, keep=False, lin
     os.makedirs(out_dir)
     job_env = dict(os.environ)
     job_env.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
-    job_env["PYTHONPATH"] = os.pathsep.join([REPO_ROOT, TESTS_DIR] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    job_env["PYTHONPATH"] = os.pathsep.join([REPO_ROOT, HERE, TESTS_DIR]
+                                            + [p for p in [os.environ.get("PYTHONPATH")] if p])
     job_env[OUT_ENV] = out_dir
     job_env.update(env or {})
     job_env["PYTHONUNBUFFERED"] = "1"
@@ -214,7 +217,7 @@ def write_result(obj, rank=None):
     """Write ``obj`` (JSON-serialisable; NumPy arrays/scalars converted) for the driver to collect."""
     out_dir = os.environ.get(OUT_ENV)
     if not out_dir:
-        raise RuntimeError(f"{OUT_ENV} is not set: run this script through tests/distributed.py:run_msrun")
+        raise RuntimeError(f"{OUT_ENV} is not set: run this script through tests/distributed/distributed.py:run_msrun")
     rank = worker_rank() if rank is None else rank
     path = os.path.join(out_dir, f"rank{rank}.json")
     with open(path + ".tmp", "w", encoding="utf-8") as handle:
@@ -253,7 +256,7 @@ def _jsonable(value):
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-if __name__ == "__main__":        # python tests/distributed.py script.py [args...]: run and print results
+if __name__ == "__main__":        # python tests/distributed/distributed.py script.py [args...]
     result = run_msrun(sys.argv[1], sys.argv[2:], keep=True)
     print(json.dumps({"elapsed": round(result.elapsed, 1), "workdir": result.workdir, "results": result.results},
                      indent=1))

@@ -1,8 +1,8 @@
-"""msrun worker: distributed K-FAC / SP-NGD / THOR cases of tests/dist_cases.py, plus a checkpoint
+"""msrun worker: distributed K-FAC / SP-NGD / THOR cases of tests/distributed/dist_cases.py, plus a checkpoint
 round trip. usage: ngd_worker.py CASE [CASE ...] [--checkpoint DIR]
 
 Every rank trains on its slice of the global batches under DATA_PARALLEL and reports weights,
-counters and its parallel state; launched by tests/test_distributed.py through run_msrun.
+counters and its parallel state; launched by tests/distributed/test_distributed_training.py through run_msrun.
 """
 import os
 import sys

@@ -1,4 +1,5 @@
-"""The seed article's 3-4-2 network: block structure, exactness for one example, damped step."""
+"""Kronecker factors against the exact Fisher on the seed article's 3-4-2 network: block structure,
+G (x) A equals the exact Fisher block for one example, and the damped step inverts the damped product."""
 import numpy as np
 
 import mindspore as ms

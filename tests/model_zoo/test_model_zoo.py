@@ -17,7 +17,7 @@ import mindspore_ngd
 # the model zoo reads YAML configs: pyyaml comes with the "model_zoo" and "test" extras of setup.py
 pytest.importorskip("yaml", reason="model zoo tests need pyyaml (pip install -e '.[test]')")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ZOO = os.path.join(REPO, "model_zoo", "resnet50")
 SCRIPTS = os.path.join(REPO, "scripts")
 sys.path.insert(0, ZOO)

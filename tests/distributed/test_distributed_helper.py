@@ -1,4 +1,4 @@
-"""tests/distributed.py:run_msrun on 2 CPU workers, and the MCCL collectives the engine may use.
+"""distributed.py:run_msrun on 2 CPU workers, and the MCCL collectives the engine may use.
 
 Each launch costs ~15 s (msrun start, import, init(), teardown).
 """
@@ -11,7 +11,7 @@ pytestmark = pytest.mark.distributed
 
 
 def test_collectives_on_cpu():
-    run = run_msrun("tests/dist_scripts/collectives_worker.py", workers=2, timeout=240)
+    run = run_msrun("tests/distributed/workers/collectives_worker.py", workers=2, timeout=240)
     assert sorted(run.results) == [0, 1]
     base = np.arange(4, dtype=np.float32)
     for rank, res in run.results.items():
@@ -30,7 +30,7 @@ def test_collectives_on_cpu():
 
 def test_failure_is_reported_with_the_worker_error():
     with pytest.raises(MsrunError) as info:
-        run_msrun("tests/dist_scripts/failing_worker.py", workers=2, timeout=120)
+        run_msrun("tests/distributed/workers/failing_worker.py", workers=2, timeout=120)
     text = str(info.value)
     assert "rank(s) [1] reported an error" in text
     assert "ValueError: rank 1 fails on purpose" in text
