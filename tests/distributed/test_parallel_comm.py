@@ -125,20 +125,6 @@ def test_without_communication_the_optimizer_is_single_device():
         ngd.KFAC(DenseNet(), learning_rate=0.1, distributed=True, verbose=False)
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(distributed="yes"), ValueError, r"distributed must be 'auto', True or False, got 'yes'"),
-    (dict(grad_worker_fraction=0), ValueError, r"grad_worker_fraction must be None or a number in \(0, 1\]"),
-    (dict(grad_worker_fraction="half"), TypeError, r"grad_worker_fraction must be None or a number"),
-    (dict(balance="speed"), ValueError, r"balance must be one of \['compute', 'memory'\], got 'speed'"),
-])
-def test_distributed_arguments_are_validated(kwargs, error, match):
-    for cls in (ngd.KFAC, ngd.SPNGD):
-        with pytest.raises(error, match=match):
-            cls(DenseNet(), learning_rate=0.1, verbose=False, **kwargs)
-    with pytest.raises(error, match=match):
-        ngd.THOR(DenseNet(), 0.1, 1e-2, verbose=False, **kwargs)
-
-
 # ------------------------------------------------------------------ checkpoints
 def _record(prefix, world, workers, position, positions):
     def value(v):

@@ -1,15 +1,14 @@
 """SP-NGD: the stale-statistics rule, unit-wise BatchNorm, the shared engine, Model.train.
 
-The Monte-Carlo Fisher (``fisher="mc"``, any optimizer) is tests/optimizers/test_mc_fisher.py."""
+Elsewhere: the Monte-Carlo Fisher (``fisher="mc"``, any optimizer) in test_mc_fisher.py, SP-NGD's
+arguments in tests/unit/test_arguments.py, its polynomial schedule in tests/unit/test_schedules.py."""
 import numpy as np
-import pytest
 
 import mindspore as ms
 from mindspore import nn, ops, Tensor
 from mindspore.train import Model
 
 import mindspore_ngd as ngd
-from mindspore_ngd.schedule import polynomial_lr, rescaled_momentum
 from mindspore_ngd.schedule.refresh import stale_plan, stale_update
 from nets import DenseNet, set_weights
 from reference import numpy_kfac as ref
@@ -211,7 +210,7 @@ def test_batchnorm_probe_leaves_the_forward_pass_and_gradients_unchanged():
         np.testing.assert_allclose(probed.asnumpy(), plain.asnumpy(), rtol=1e-5, atol=1e-7)
 
 
-# ------------------------------------------------------------------ Model.train, schedules, arguments
+# ------------------------------------------------------------------ Model.train
 def test_spngd_trains_a_batchnorm_cnn_in_model_train_with_refresh_monitor():
     from benchmarks.data import array_dataset, digits_arrays
     from benchmarks.models import DigitsCNN
@@ -230,31 +229,3 @@ def test_spngd_trains_a_batchnorm_cnn_in_model_train_with_refresh_monitor():
     assert any(name.endswith(".F") for name in opt.statistic_names)
 
 
-def test_polynomial_lr_and_rescaled_momentum():
-    lrs = polynomial_lr(0.1, total_steps=10, power=2.0, warmup_steps=2, end_lr=0.0)
-    np.testing.assert_allclose(lrs[:4], [0.05, 0.1, 0.1, 0.1 * (1 - 1 / 8) ** 2], rtol=1e-6)
-    np.testing.assert_allclose(lrs[-1], 0.1 * (1 / 8) ** 2, rtol=1e-6)
-    assert len(lrs) == 10 and np.all(lrs > 0)
-    momenta = rescaled_momentum(0.9, lrs)
-    np.testing.assert_allclose(momenta, 0.9 * lrs / lrs.max(), rtol=1e-6)
-    net = DenseNet()
-    opt = ngd.SPNGD(net, learning_rate=lrs, momentum=momenta, verbose=False)
-    step = train_step(net, opt)
-    for i in range(3):
-        step(*batch(i, shape=(5,)))
-    with pytest.raises(ValueError, match="momentum"):
-        ngd.SPNGD(DenseNet(), 0.1, momentum=[0.9, 1.5], verbose=False)
-
-
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(refresh_threshold=0.0), ValueError, "refresh_threshold"),
-    (dict(max_interval=0), ValueError, "max_interval"),
-    (dict(stale="yes"), TypeError, "stale"),
-    (dict(batchnorm_damping=-1.0), ValueError, "batchnorm_damping"),
-    (dict(fisher="true"), ValueError, "fisher"),
-    (dict(weight_decay=-1.0), ValueError, "weight_decay"),
-    (dict(damping=0.0), ValueError, "damping"),
-])
-def test_bad_spngd_arguments(kwargs, error, match):
-    with pytest.raises(error, match=match):
-        ngd.SPNGD(DenseNet(), **{"learning_rate": 0.1, **kwargs})

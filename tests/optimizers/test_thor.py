@@ -1,4 +1,8 @@
-"""THOR: shared engine (equals K-FAC with the same policy), refresh rules, splitting, schedules, API."""
+"""THOR: shared engine (equals K-FAC with the same policy), refresh rules, splitting, the built-in
+THOR's argument list, Model.train.
+
+Elsewhere: THOR's bad arguments in tests/unit/test_arguments.py, its learning-rate and damping
+schedules in tests/unit/test_schedules.py."""
 import numpy as np
 import pytest
 
@@ -8,7 +12,7 @@ from mindspore.train import Model
 
 import mindspore_ngd as ngd
 from mindspore_ngd.schedule.refresh import growing_refresh_steps, next_interval, trace_changed
-from mindspore_ngd.schedule.thor import ThorDamping, ThorLR, thor_damping, thor_lr
+from mindspore_ngd.schedule.thor import thor_damping, thor_lr
 from nets import CONV_CASES, BNNet, DenseNet, make_conv_net
 from training import batch, train_step, weights_after
 
@@ -140,39 +144,6 @@ def test_builtin_thor_argument_set_is_accepted_positionally():
                    verbose=False)
     assert opt.policy.clip_norm == 1.0 and opt.policy.inverse_update_interval == 4
     assert len(opt.decayed_parameters()) == len(net.trainable_params())
-
-
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(frequency=0), ValueError, r"frequency must be an int >= 1, got 0"),
-    (dict(split_dim=0), ValueError, r"split_dim must be an int >= 1, got 0"),
-    (dict(trace_threshold=-0.1), ValueError, r"trace_threshold must be a finite number > 0"),
-    (dict(frequency_growth=0.5), ValueError, r"frequency_growth must be in \[1.0, inf"),
-    (dict(frequency=10, max_frequency=5), ValueError, r"max_frequency must be >= frequency \(10\), got 5"),
-    (dict(inverse_method="svd"), ValueError, r"inverse_method must be one of"),
-    (dict(damping=Tensor(np.array([0.1, 0.0], np.float32))), ValueError, r"every value of damping"),
-    (dict(enable_clip_grad=1), TypeError, r"enable_clip_grad must be a bool"),
-])
-def test_bad_thor_arguments(kwargs, error, match):
-    args = dict(learning_rate=0.1, damping=0.03)
-    args.update(kwargs)
-    with pytest.raises(error, match=match):
-        ngd.THOR(DenseNet(), verbose=False, **args)
-
-
-def test_model_zoo_schedules():
-    lr = thor_lr(0.05803, 4.0839, 53, steps_per_epoch=10, total_epochs=45)
-    for epoch in (1, 10, 30, 45):
-        step = epoch * 10 - 1                                  # the last step of that epoch
-        assert lr[step] == pytest.approx(0.05803 * (1 - epoch / 53) ** 4.0839, rel=1e-6)
-    damping = thor_damping(0.03, 0.50036, steps_per_epoch=10, total_epochs=45)
-    for epoch in (1, 10, 45):
-        assert damping[epoch * 10 - 1] == pytest.approx(0.03 * 0.50036 ** (epoch / 10), rel=1e-6)
-    lr_cell, damping_cell = ThorLR(0.05803, 4.0839, 53, 10), ThorDamping(0.03, 0.50036, 10)
-    for step in (0, 99, 449):
-        assert float(lr_cell(Tensor(step, ms.int32)).asnumpy()) == pytest.approx(lr[step], rel=1e-5)
-        assert float(damping_cell(Tensor(step, ms.int32)).asnumpy()) == pytest.approx(damping[step], rel=1e-5)
-    with pytest.raises(ValueError, match="lr_end_epoch must exceed total_epochs"):
-        thor_lr(0.05, 4.0, 40, 10, 45)
 
 
 def test_enable_clip_grad_bounds_every_update():
