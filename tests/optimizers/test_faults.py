@@ -71,5 +71,3 @@ def test_corrupt_factor_keeps_previous_inverse(method, corruption):
     assert opt.state_counters()["inverse_faults"] == 1
     np.testing.assert_array_equal(opt.a_inverses[0].asnumpy(), good)
     assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
-
-

@@ -227,5 +227,3 @@ def test_spngd_trains_a_batchnorm_cnn_in_model_train_with_refresh_monitor():
     ratios = [ratio for _, _, ratio in monitor.history]
     assert all(0 < r <= 1 for r in ratios) and ratios[-1] < ratios[0]
     assert any(name.endswith(".F") for name in opt.statistic_names)
-
-

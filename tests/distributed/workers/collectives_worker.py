@@ -1,6 +1,6 @@
 """msrun worker: the MCCL (CPU) collectives the distributed engine relies on, and the ones it must avoid.
 
-Launched by tests/distributed/test_distributed_helper.py through distributed.py:run_msrun.
+Launched by tests/distributed/test_mccl_collectives.py through distributed.py:run_msrun.
 """
 import numpy as np
 
