@@ -1,4 +1,19 @@
-"""Test configuration: CPU, graph mode, and oneDNN's AVX2 convolution path (see README)."""
+"""Test configuration: CPU, graph mode, and oneDNN's AVX2 convolution path (see README).
+
+Where the tests are:
+
+- unit/        one piece at a time, in seconds: ownership planner, buffer packing, BlockLayout,
+               argument validation, schedules, layer discovery and capture attachment
+- numerics/    Kronecker factors, inverses and block inverses against NumPy float64 references,
+               the exact one-example Fisher
+- optimizers/  per-optimizer behaviour: the shared contract, faults, SP-NGD, THOR, the Monte-Carlo
+               Fisher, Model.train
+- distributed/ msrun tests with their helper (distributed.py), cases (dist_cases.py) and worker
+               scripts (workers/); the distributed engine's one-process pieces
+- model_zoo/, benchmarks/  the repository's model zoo and benchmark harness
+
+Shared by all: nets.py (networks), training.py (short training runs), reference/ (NumPy oracles).
+"""
 import os
 import sys
 
