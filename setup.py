@@ -8,18 +8,22 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
+    # the library only: benchmarks/ (and the demo in it), model_zoo/ and tests/ stay in the repository
+    # and run from its root (python -m benchmarks.demo); the extras below are their dependencies
     packages=find_packages(include=["mindspore_ngd", "mindspore_ngd.*"]),
     # MindSpore 2.10's compiled extension is built against NumPy 1.x: under NumPy 2 the first
     # PyNative op of a process fails ("numpy.core.multiarray failed to import") and
     # mindspore.dataset rejects NumPy scalars. NumPy 1.26 has neither problem.
     install_requires=["mindspore>=2.3", "numpy>=1.25,<2"],
     extras_require={
-        # the quick-start demo and the benchmarks train on scikit-learn's bundled digits data
+        # the quick-start demo (python -m benchmarks.demo) trains on scikit-learn's bundled digits data
         "examples": ["scikit-learn"],
         # model_zoo/resnet50 reads YAML configs
         "model_zoo": ["pyyaml"],
-        # the time-to-accuracy suite (python -m mindspore_ngd.benchmarks.convergence)
+        # every benchmark, including the time-to-accuracy suite (python -m benchmarks.convergence):
+        # digits and MNIST-1D data, plots
         "bench": ["scikit-learn", "matplotlib", "mnist1d"],
+        # the tests cover the library, the benchmarks and the model zoo
         "test": ["pytest", "scipy", "scikit-learn", "pyyaml", "matplotlib", "mnist1d"],
     },
     license="Apache-2.0",

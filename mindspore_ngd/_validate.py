@@ -38,12 +38,16 @@ def float_in_range(name, value, low, high, high_inclusive=False):
     return float(value)
 
 
-def positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, (numbers.Integral,)):
-        raise TypeError(f"{name} must be an int >= 1, got {type(value).__name__} {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+def int_at_least(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return int(value)
+
+
+def positive_int(name, value):
+    return int_at_least(name, value, 1)
 
 
 def one_of(name, value, allowed):

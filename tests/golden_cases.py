@@ -1,6 +1,6 @@
 """Behaviour-preservation cases: 20 training steps of K-FAC, SP-NGD and THOR on fixed data.
 
-``tests/golden/record.py`` ran these on the engine before its restructuring (issue 14) and stored the
+``tests/golden/record_golden.py`` ran these on the engine before its restructuring (issue 14) and stored the
 weights and optimizer state after 20 steps (``golden/single.npz``, and per rank under msrun in
 ``golden/two_ranks.npz``) plus a checkpoint after 10 steps. ``tests/test_golden.py`` replays them on
 the current code: the weights must be bit-identical, and the old checkpoints must load and resume to

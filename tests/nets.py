@@ -3,6 +3,8 @@ import numpy as np
 
 from mindspore import nn, Tensor
 
+from reference import numpy_kfac as ref
+
 
 def set_weights(cell, rng, scale=0.5):
     for p in cell.trainable_params():
@@ -46,3 +48,46 @@ class ConvNet(nn.Cell):
 
     def construct(self, x):
         return self.fc(self.flatten(self.relu(self.conv(x))))
+
+
+class BNNet(nn.Cell):
+    """conv (bias) -> BN -> grouped conv -> ReLU -> flatten -> Dense: every kind of parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, pad_mode="same", has_bias=True)
+        self.bn = nn.BatchNorm2d(4)
+        self.gconv = nn.Conv2d(4, 4, 3, pad_mode="same", group=2)
+        self.relu = nn.ReLU()
+        self.flatten = nn.Flatten()
+        self.fc = nn.Dense(4 * 5 * 5, 3)
+
+    def construct(self, x):
+        return self.fc(self.flatten(self.relu(self.gconv(self.bn(self.conv(x))))))
+
+
+# convolution geometries checked against the NumPy reference (explicit patches), padding included
+CONV_CASES = [
+    # kernel, stride, pad_mode, padding, dilation, bias
+    ((3, 3), (1, 1), "same", 0, (1, 1), True),
+    ((3, 3), (2, 2), "same", 0, (1, 1), False),
+    ((3, 3), (1, 1), "valid", 0, (1, 1), True),
+    ((3, 3), (2, 2), "pad", (1, 0, 2, 1), (1, 1), True),
+    ((3, 2), (1, 2), "pad", 1, (2, 1), False),
+    ((2, 2), (2, 1), "same", 0, (1, 2), True),
+]
+
+
+def make_conv_net(case, rng, cin=2, cout=3, hw=7):
+    """A ConvNet for one of CONV_CASES with random weights, a batch of 4 inputs and labels, and the
+    geometry in the reference's terms: ``(kernel, stride, pad_mode, (top, bottom, left, right), dilation)``."""
+    kernel, stride, pad_mode, padding, dilation, bias = case
+    x_shape = (4, cin, hw, hw)
+    _, (oh, ow) = ref.conv_geometry(x_shape, kernel, stride, dilation, pad_mode,
+                                    padding if isinstance(padding, tuple) else (padding,) * 4)
+    net = ConvNet(cin, cout, kernel, stride, pad_mode, padding, dilation, bias, cout * oh * ow)
+    set_weights(net, rng)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    y = rng.integers(0, 4, x_shape[0]).astype(np.int32)
+    pads = padding if isinstance(padding, tuple) else (padding,) * 4
+    return net, x, y, (kernel, stride, pad_mode, pads, dilation)

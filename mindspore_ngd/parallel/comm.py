@@ -39,7 +39,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Tensor
 
-from .plan import plan_ownership, tri_size, triu_flat_indices
+from .packing import tri_size, triu_flat_indices
+from .plan import plan_ownership
 
 __all__ = ["Communicator", "ParallelOps", "resolve", "communication_state", "BACKEND_SUPPORT",
            "DISTRIBUTED_CHOICES"]
@@ -48,7 +49,7 @@ logger = logging.getLogger("mindspore_ngd")
 
 DISTRIBUTED_CHOICES = ("auto", True, False)
 
-# what each backend can do (MindSpore 2.10): measured on CPU (tests/test_distributed_helper.py),
+# what each backend can do (MindSpore 2.10): measured on CPU (tests/distributed/test_mccl_collectives.py),
 # from the documentation for GPU and Ascend
 BACKEND_SUPPORT = {
     "mccl": {"reduce_scatter": False, "subgroup_all_gather": False},

@@ -1,7 +1,9 @@
-"""Layer ownership for distributed natural-gradient training, and buffer packing.
+"""Layer ownership for distributed natural-gradient training.
 
-Pure Python (NumPy only for the reference packers at the end): no device, no MindSpore import.
-Every rank builds the same plan from the same inputs, so no communication is needed to agree on it.
+Pure Python: no device, no MindSpore import. Every rank builds the same plan from the same inputs,
+so no communication is needed to agree on it. How the owners' factors and preconditioned gradients
+are laid out in the collectives' flat buffers is :mod:`.packing` (:meth:`OwnershipPlan.factor_layout`,
+:meth:`OwnershipPlan.gradient_layout`).
 
 Ranks, owner groups and replicas
 --------------------------------
@@ -53,22 +55,13 @@ import numbers
 from types import MappingProxyType
 from typing import Tuple
 
-import numpy as np
+from .._validate import int_at_least as _int
+# triu_flat_indices is not used here: parallel/comm.py imports it (with tri_size) from this module
+from .packing import PackLayout, pack_layout, tri_size, triu_flat_indices  # noqa: F401
 
-__all__ = ["WorkItem", "OwnershipPlan", "plan_ownership", "lpt_assign", "grad_workers",
-           "factor_cost", "tri_size", "PackLayout", "pack_layout",
-           "triu_flat_indices", "symmetric_from_triu_indices", "pack_symmetric", "unpack_symmetric",
-           "pack_buffer", "unpack_buffer"]
+__all__ = ["WorkItem", "OwnershipPlan", "plan_ownership", "lpt_assign", "grad_workers", "factor_cost"]
 
 BALANCES = ("compute", "memory")
-
-
-def _int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -362,130 +355,3 @@ def plan_ownership(items, world_size, grad_worker_fraction=None, balance="comput
     positions = lpt_assign(costs, world_size // m)
     return OwnershipPlan(items=items, world_size=world_size, grad_workers=m, balance=balance,
                          split_dim=split_dim, costs=costs, positions=positions)
-
-
-# --------------------------------------------------------------------------- packing
-def tri_size(dim):
-    """Floats in the upper triangle (diagonal included) of a ``dim x dim`` matrix."""
-    return dim * (dim + 1) // 2
-
-
-@dataclass(frozen=True)
-class PackLayout:
-    """Every position's items packed into one equal-size chunk (padded to the largest).
-
-    Position ``p``'s chunk is ``buffer[p * chunk:(p + 1) * chunk]`` of a buffer of ``total``
-    floats; its item ``j`` is at ``offsets[p][j]`` inside the chunk, ``sizes[p][j]`` long, and
-    ``chunk - used[p]`` padding floats end the chunk. A reduce-scatter of the buffer gives rank
-    ``p`` (of the group) its chunk; an all-gather of the chunks rebuilds the buffer on every rank.
-    """
-    sizes: Tuple[Tuple[int, ...], ...]
-    offsets: Tuple[Tuple[int, ...], ...]
-    chunk: int
-
-    @property
-    def positions(self):
-        return len(self.sizes)
-
-    @property
-    def used(self):
-        return tuple(sum(s) for s in self.sizes)
-
-    @property
-    def total(self):
-        return self.chunk * self.positions
-
-    @property
-    def padding(self):
-        """Padding floats over all chunks (``total - sum(used)``)."""
-        return self.total - sum(self.used)
-
-    def global_offset(self, position, j):
-        """Offset of item ``j`` of ``position`` in the full buffer."""
-        return position * self.chunk + self.offsets[position][j]
-
-
-def pack_layout(sizes_per_position):
-    """:class:`PackLayout` for ``sizes_per_position[p] = [floats of each item of position p]``.
-
-    Items keep their order; the chunk size is the largest per-position total (0 if all are empty).
-    """
-    sizes, offsets = [], []
-    for p, row in enumerate(sizes_per_position):
-        row = tuple(_int(f"size {j} of position {p}", s, 0) for j, s in enumerate(row))
-        starts, at = [], 0
-        for s in row:
-            starts.append(at)
-            at += s
-        sizes.append(row)
-        offsets.append(tuple(starts))
-    chunk = max((sum(r) for r in sizes), default=0)
-    return PackLayout(sizes=tuple(sizes), offsets=tuple(offsets), chunk=chunk)
-
-
-def triu_flat_indices(dim):
-    """Flat (row-major) indices of the upper triangle of a ``dim x dim`` matrix, row by row:
-    ``pack = matrix.reshape(-1)[triu_flat_indices(dim)]`` (usable with a gather op)."""
-    rows, cols = np.triu_indices(dim)
-    return (rows * dim + cols).astype(np.int64)
-
-
-def symmetric_from_triu_indices(dim):
-    """``(dim, dim)`` indices into the packed triangle: ``matrix = packed[symmetric_from_triu_indices(dim)]``
-    rebuilds the symmetric matrix (entry ``(i, j)`` reads the packed ``(min, max)``)."""
-    i, j = np.meshgrid(np.arange(dim), np.arange(dim), indexing="ij")
-    lo, hi = np.minimum(i, j), np.maximum(i, j)
-    # row lo of the upper triangle starts at lo*dim - lo*(lo-1)/2
-    return (lo * dim - lo * (lo - 1) // 2 + (hi - lo)).astype(np.int64)
-
-
-def pack_symmetric(matrix):
-    """NumPy reference: upper triangle (diagonal included) of a square matrix, row by row."""
-    matrix = np.asarray(matrix)
-    if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
-        raise ValueError(f"pack_symmetric needs a square matrix, got shape {matrix.shape}")
-    return matrix[np.triu_indices(matrix.shape[0])]
-
-
-def unpack_symmetric(packed, dim):
-    """NumPy reference: the symmetric ``dim x dim`` matrix whose upper triangle is ``packed``."""
-    packed = np.asarray(packed).reshape(-1)
-    if packed.size != tri_size(dim):
-        raise ValueError(f"a packed {dim}x{dim} triangle has {tri_size(dim)} values, got {packed.size}")
-    return packed[symmetric_from_triu_indices(dim)]
-
-
-def pack_buffer(layout, values_per_position, dtype=np.float32):
-    """NumPy reference: one flat buffer (``layout.total``) with every position's items, zero padded.
-    ``values_per_position[p][j]`` is any array of ``layout.sizes[p][j]`` elements."""
-    if len(values_per_position) != layout.positions:
-        raise ValueError(f"expected values for {layout.positions} positions, got {len(values_per_position)}")
-    buf = np.zeros(layout.total, dtype)
-    for p, values in enumerate(values_per_position):
-        if len(values) != len(layout.sizes[p]):
-            raise ValueError(f"position {p}: expected {len(layout.sizes[p])} items, got {len(values)}")
-        for j, v in enumerate(values):
-            v = np.asarray(v).reshape(-1)
-            if v.size != layout.sizes[p][j]:
-                raise ValueError(f"position {p} item {j}: expected {layout.sizes[p][j]} values, got {v.size}")
-            start = layout.global_offset(p, j)
-            buf[start:start + v.size] = v
-    return buf
-
-
-def unpack_buffer(layout, buffer, position=None):
-    """NumPy reference: the items of one position (from its chunk, or from the full buffer when the
-    buffer has ``layout.total`` values), or of every position when ``position`` is None."""
-    buffer = np.asarray(buffer).reshape(-1)
-    if position is None:
-        if buffer.size != layout.total:
-            raise ValueError(f"the full buffer has {layout.total} values, got {buffer.size}")
-        return [unpack_buffer(layout, buffer, p) for p in range(layout.positions)]
-    if buffer.size == layout.total:
-        chunk = buffer[position * layout.chunk:(position + 1) * layout.chunk]
-    elif buffer.size == layout.chunk:
-        chunk = buffer
-    else:
-        raise ValueError(f"expected a chunk of {layout.chunk} or a buffer of {layout.total} values, "
-                         f"got {buffer.size}")
-    return [chunk[o:o + s] for o, s in zip(layout.offsets[position], layout.sizes[position])]

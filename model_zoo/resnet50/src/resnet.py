@@ -1,15 +1,13 @@
 """ResNet-50 v1.5 (He et al. 2016; v1.5: the stride of a down-sampling bottleneck sits on its 3x3
 convolution, not on the first 1x1) and the CIFAR-style ResNet used for quick runs.
 
-The CIFAR-style ResNet is ``mindspore_ngd.benchmarks.models.ResNetCifar`` (shared with the package's
-benchmarks, not a copy).
+The model zoo owns both networks; the repository's benchmarks (``benchmarks/models.py``) import
+:class:`ResNetCifar` from here rather than keeping a copy.
 """
 import math
 
 from mindspore import nn
 from mindspore.common import initializer as init
-
-from mindspore_ngd.benchmarks.models import ResNetCifar
 
 __all__ = ["Bottleneck", "ResNet", "resnet50", "ResNetCifar", "build_network", "NETWORKS"]
 
@@ -94,6 +92,54 @@ class ResNet(nn.Cell):
 def resnet50(num_classes=1000, zero_init_residual=False):
     """ResNet-50 v1.5: 25,557,032 trainable parameters for 1000 classes."""
     return ResNet(RESNET50_BLOCKS, num_classes, zero_init_residual)
+
+
+class _BasicBlock(nn.Cell):
+    """3x3 -> BatchNorm -> ReLU -> 3x3 -> BatchNorm, plus the input (a strided 1x1 projection when
+    the shape changes), then ReLU."""
+
+    def __init__(self, in_ch, out_ch, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_ch, out_ch, 3, stride=stride, pad_mode="pad", padding=1)
+        self.bn1 = nn.BatchNorm2d(out_ch)
+        self.conv2 = nn.Conv2d(out_ch, out_ch, 3, stride=1, pad_mode="pad", padding=1)
+        self.bn2 = nn.BatchNorm2d(out_ch)
+        self.relu = nn.ReLU()
+        self.has_shortcut = stride != 1 or in_ch != out_ch
+        if self.has_shortcut:
+            self.shortcut = nn.SequentialCell([nn.Conv2d(in_ch, out_ch, 1, stride=stride, pad_mode="valid"),
+                                               nn.BatchNorm2d(out_ch)])
+
+    def construct(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        identity = self.shortcut(x) if self.has_shortcut else x
+        return self.relu(out + identity)
+
+
+class ResNetCifar(nn.Cell):
+    """CIFAR-style ResNet (He et al. 2016, sec. 4.2): 3 stages of n basic blocks, widths w, 2w, 4w."""
+
+    def __init__(self, blocks_per_stage=3, width=16, num_classes=10, in_channels=3):
+        super().__init__()
+        self.stem = nn.Conv2d(in_channels, width, 3, pad_mode="pad", padding=1)
+        self.bn = nn.BatchNorm2d(width)
+        self.relu = nn.ReLU()
+        layers, ch = [], width
+        for stage, out_ch in enumerate((width, 2 * width, 4 * width)):
+            for b in range(blocks_per_stage):
+                stride = 2 if stage > 0 and b == 0 else 1
+                layers.append(_BasicBlock(ch, out_ch, stride))
+                ch = out_ch
+        self.layers = nn.SequentialCell(layers)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.flatten = nn.Flatten()
+        self.fc = nn.Dense(ch, num_classes)
+
+    def construct(self, x):
+        x = self.relu(self.bn(self.stem(x)))
+        x = self.layers(x)
+        return self.fc(self.flatten(self.pool(x)))
 
 
 def _resnet_cifar(num_classes, blocks_per_stage=3, width=16):

@@ -1,0 +1,25 @@
+"""The repository's benchmark harness: models, data sets and scripts, run from the repository root
+as ``python -m benchmarks.<name>``.
+
+Not part of the installed package (``setup.py`` installs ``mindspore_ngd`` only): the library does
+not carry its benchmarks, their data loaders or the quick-start demo. Their extra dependencies are
+the ``examples`` and ``bench`` extras.
+"""
+import json
+import os
+import platform
+
+
+def save_results(out_dir, name, payload):
+    """Write ``payload`` plus a description of the machine to ``out_dir/name.json``; return the path."""
+    import mindspore as ms
+    payload = dict(payload)
+    payload["machine"] = {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+                          "mindspore": ms.__version__,
+                          "ONEDNN_MAX_CPU_ISA": os.environ.get("ONEDNN_MAX_CPU_ISA")}
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{name}.json")
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=2)
+    print(f"saved {path}")
+    return path

@@ -1,0 +1,100 @@
+"""Small reference networks used by the demo, the benchmarks and the tests.
+
+The CIFAR-style ResNet belongs to the model zoo (``model_zoo/resnet50/src/resnet.py``) and is
+imported from there, so that the benchmarks and the model zoo train the same network.
+"""
+from mindspore import nn
+
+from model_zoo.resnet50.src.resnet import ResNetCifar
+
+__all__ = ["DigitsCNN", "MLP", "CNN1D", "DeepAutoencoder", "ResNetCifar", "resnet20"]
+
+
+class DigitsCNN(nn.Cell):
+    """conv3x3(1->16)-ReLU-conv3x3(16->32)-ReLU-maxpool2-Dense(512->64)-ReLU-Dense(64->10), 8x8 input.
+
+    ``batchnorm=True`` puts a BatchNorm2d after each convolution (whose bias is then dropped)."""
+
+    def __init__(self, num_classes=10, batchnorm=False):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, pad_mode="same", has_bias=not batchnorm)
+        self.conv2 = nn.Conv2d(16, 32, 3, pad_mode="same", has_bias=not batchnorm)
+        self.bn1 = nn.BatchNorm2d(16) if batchnorm else nn.Identity()
+        self.bn2 = nn.BatchNorm2d(32) if batchnorm else nn.Identity()
+        self.relu = nn.ReLU()
+        self.pool = nn.MaxPool2d(2, 2)
+        self.flatten = nn.Flatten()
+        self.fc1 = nn.Dense(32 * 4 * 4, 64)
+        self.fc2 = nn.Dense(64, num_classes)
+
+    def construct(self, x):
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.pool(self.relu(self.bn2(self.conv2(x))))
+        x = self.relu(self.fc1(self.flatten(x)))
+        return self.fc2(x)
+
+
+class MLP(nn.Cell):
+    """Fully connected ReLU network, e.g. ``MLP((40, 100, 100, 10))`` (MNIST-1D's MLP baseline)."""
+
+    def __init__(self, widths=(40, 100, 100, 10)):
+        super().__init__()
+        self.layers = nn.CellList([nn.Dense(a, b) for a, b in zip(widths[:-1], widths[1:])])
+        self.relu = nn.ReLU()
+
+    def construct(self, x):
+        for layer in self.layers[:-1]:
+            x = self.relu(layer(x))
+        return self.layers[-1](x)
+
+
+class CNN1D(nn.Cell):
+    """1-D CNN for length-40 signals (MNIST-1D): three stride-2 convolutions of 25 channels, then Dense.
+
+    The convolutions are ``nn.Conv2d`` with (1, k) kernels on (N, 1, 1, L) inputs, the layout the
+    natural-gradient optimizers precondition; lengths 40 -> 20 -> 10 -> 5.
+    """
+
+    def __init__(self, length=40, channels=25, num_classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, channels, (1, 5), stride=(1, 2), pad_mode="same", has_bias=True)
+        self.conv2 = nn.Conv2d(channels, channels, (1, 3), stride=(1, 2), pad_mode="same", has_bias=True)
+        self.conv3 = nn.Conv2d(channels, channels, (1, 3), stride=(1, 2), pad_mode="same", has_bias=True)
+        self.relu = nn.ReLU()
+        self.flatten = nn.Flatten()
+        self.fc = nn.Dense(channels * (-(-length // 8)), num_classes)
+
+    def construct(self, x):
+        x = self.relu(self.conv1(x))
+        x = self.relu(self.conv2(x))
+        x = self.relu(self.conv3(x))
+        return self.fc(self.flatten(x))
+
+
+class DeepAutoencoder(nn.Cell):
+    """Deep autoencoder in the style of Hinton & Salakhutdinov (2006) / Martens & Grosse (2015).
+
+    Hidden layers with ``activation`` ("sigmoid" as the classic, "tanh" or "relu"), a linear code
+    layer (the last of ``widths``) and output logits (train with binary cross-entropy on inputs in
+    [0, 1]). Default 64-128-64-32-8-32-64-128-64 for 8x8 digits.
+    """
+
+    def __init__(self, widths=(64, 128, 64, 32, 8), activation="sigmoid"):
+        super().__init__()
+        sizes = list(widths) + list(widths[-2::-1])
+        self.layers = nn.CellList([nn.Dense(a, b) for a, b in zip(sizes[:-1], sizes[1:])])
+        self.code_index = len(widths) - 2      # the layer producing the code stays linear
+        self.sigmoid = {"sigmoid": nn.Sigmoid, "tanh": nn.Tanh, "relu": nn.ReLU}[activation]()
+
+    def construct(self, x):
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i != self.code_index and i != last:
+                x = self.sigmoid(x)
+        return x
+
+
+def resnet20(num_classes=10):
+    """ResNet-20 for 32x32x3 images: three basic blocks per stage, widths 16, 32, 64."""
+    return ResNetCifar(3, 16, num_classes)

@@ -1,0 +1,118 @@
+"""Convergence tasks: real data that ships inside packages, a network, a loss and a metric.
+
+Each :class:`Task` knows how to load its arrays (already shaped for its network), build a fresh
+network, the training loss cell, and how to evaluate a network on the whole training and test sets
+(in NumPy, from the network's outputs). Used by :mod:`benchmarks.convergence`.
+"""
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from mindspore import nn
+
+from . import data, models
+
+__all__ = ["Task", "TASKS"]
+
+
+def _softmax_cross_entropy(logits, labels):
+    z = logits - logits.max(1, keepdims=True)
+    log_p = z - np.log(np.exp(z).sum(1, keepdims=True))
+    return float(-log_p[np.arange(len(labels)), labels].mean())
+
+
+def _binary_cross_entropy(logits, targets):
+    """Mean over examples and outputs of BCE-with-logits, computed stably."""
+    logits = logits.astype(np.float64)
+    return float((np.maximum(logits, 0) - logits * targets + np.log1p(np.exp(-np.abs(logits)))).mean())
+
+
+@dataclass(frozen=True)
+class Task:
+    """One convergence task.
+
+    ``kind`` is ``"classification"`` (metric: test accuracy, higher is better; target: Momentum's best
+    test accuracy) or ``"autoencoder"`` (metric: test loss, lower is better; target: Momentum's final
+    training loss).
+    """
+    name: str
+    description: str
+    kind: str
+    load: Callable[[], tuple]
+    build: Callable[[], nn.Cell]
+    epochs: int
+    quick_epochs: int
+    batch_size: int
+
+    @property
+    def metric(self):
+        return "test_acc" if self.kind == "classification" else "test_loss"
+
+    @property
+    def higher_is_better(self):
+        return self.kind == "classification"
+
+    @property
+    def target_metric(self):
+        return "test_acc" if self.kind == "classification" else "train_loss"
+
+    @property
+    def target_rule(self):
+        """How Momentum's curve gives the target: its "best" value or its "final" value."""
+        return "best" if self.kind == "classification" else "final"
+
+    def loss(self):
+        if self.kind == "classification":
+            return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+        return nn.BCEWithLogitsLoss(reduction="mean")
+
+    def evaluate(self, outputs, y_train, y_test):
+        """Metrics from the network's outputs on ``concat(x_train, x_test)`` (one eval-mode call)."""
+        n = len(y_train)
+        train_out, test_out = outputs[:n], outputs[n:]
+        if self.kind == "classification":
+            return {"train_loss": _softmax_cross_entropy(train_out, y_train),
+                    "test_loss": _softmax_cross_entropy(test_out, y_test),
+                    "test_acc": float((test_out.argmax(1) == y_test).mean())}
+        return {"train_loss": _binary_cross_entropy(train_out, y_train),
+                "test_loss": _binary_cross_entropy(test_out, y_test)}
+
+
+def _digits_images():
+    return data.digits_arrays()
+
+
+def _digits_flat():
+    x_train, _, x_test, _ = data.digits_arrays()
+    x_train, x_test = x_train.reshape(len(x_train), -1), x_test.reshape(len(x_test), -1)
+    return x_train, x_train, x_test, x_test        # the targets are the inputs
+
+
+def _mnist1d_flat():
+    return data.mnist1d_arrays()
+
+
+def _mnist1d_nchw():
+    x_train, y_train, x_test, y_test = data.mnist1d_arrays()
+    return x_train[:, None, None, :], y_train, x_test[:, None, None, :], y_test
+
+
+TASKS = {task.name: task for task in (
+    Task("digits-cnn", "scikit-learn digits (1437 train / 360 test 8x8 images), DigitsCNN "
+         "(2 conv + 2 dense), softmax cross-entropy", "classification", _digits_images, models.DigitsCNN,
+         epochs=10, quick_epochs=2, batch_size=64),
+    Task("mnist1d-mlp", "MNIST-1D (4000 train / 1000 test signals of length 40, regenerated offline), "
+         "MLP 40-100-100-10 ReLU, softmax cross-entropy", "classification", _mnist1d_flat, models.MLP,
+         epochs=20, quick_epochs=2, batch_size=100),
+    Task("mnist1d-cnn", "MNIST-1D, 1-D CNN (3 stride-2 convolutions of 25 channels + dense), softmax "
+         "cross-entropy", "classification", _mnist1d_nchw, models.CNN1D,
+         epochs=15, quick_epochs=2, batch_size=100),
+    # tanh rather than the classic logistic units: with sigmoid units, Momentum, Adam (1e-3) and
+    # K-FAC all stayed on the mean-image plateau (BCE ~0.425) for 40 epochs in a design-time trial
+    Task("digits-autoencoder", "scikit-learn digits as 64-vectors in [0, 1], deep autoencoder "
+         "64-128-64-32-8-32-64-128-64 (tanh, linear 8-unit code, output logits), binary cross-entropy",
+         "autoencoder", _digits_flat, functools.partial(models.DeepAutoencoder, activation="tanh"),
+         epochs=15, quick_epochs=2, batch_size=64),
+)}

@@ -1,0 +1,184 @@
+"""The time-to-accuracy benchmark: quick mode end to end, the summary logic and the CLI's checks."""
+import importlib.util
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+import mindspore_ngd as ngd
+from benchmarks import convergence, data
+from benchmarks.tasks import TASKS
+
+HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+BASE_OPTIMIZERS = ["momentum", "adam", "sgd", "kfac", "thor"]
+
+
+def _load(path):
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def test_quick_mode_digits_cnn(tmp_path):
+    optimizers = convergence.available_optimizers()
+    assert set(BASE_OPTIMIZERS) <= set(optimizers)
+    argv = ["--task", "digits-cnn", "--quick", "--optimizers", ",".join(optimizers), "--out", str(tmp_path)]
+    outputs = convergence.main(argv + ([] if HAVE_MATPLOTLIB else ["--no-plots"]))["digits-cnn"]
+    result = _load(outputs["json"])
+
+    for key in ("task", "metric", "epochs", "seeds", "runs", "grid", "best", "targets", "markdown", "machine",
+                "command", "total_seconds", "optimizers"):
+        assert key in result, key
+    assert result["task"] == "digits-cnn" and result["metric"] == "test_acc" and result["quick"]
+    assert result["epochs"] == TASKS["digits-cnn"].quick_epochs and result["seeds"] == 1
+    assert sorted(r["optimizer"] for r in result["runs"]) == sorted(optimizers)   # one grid point each
+
+    checksums = {r["init_checksum"] for r in result["runs"]}
+    assert len(checksums) == 1, "every optimizer must start from the same weights"
+    for run in result["runs"]:
+        assert run["diverged_epoch"] is None, run
+        assert [row["epoch"] for row in run["curve"]] == list(range(1, result["epochs"] + 1))
+        assert run["compile_s"] >= 0
+        seconds = [row["seconds"] for row in run["curve"]]
+        assert all(b > a > 0 for a, b in zip(seconds, seconds[1:]))
+        for row in run["curve"]:
+            for key in ("train_loss", "test_loss", "test_acc", "epoch_s", "seconds", "seconds_excl_compile"):
+                assert math.isfinite(row[key]), (run["optimizer"], key, row)
+            assert 0 <= row["test_acc"] <= 1 and row["train_loss"] > 0
+
+    best = result["best"]
+    assert set(best) == set(optimizers)
+    assert best["momentum"]["epochs_to_target"]["median"] is not None
+    assert best["momentum"]["epochs_to_target_vs_momentum"]["median"] == 1.0
+    for name in ("momentum", "kfac", "thor"):       # two epochs are enough to beat chance (0.1) clearly
+        assert best[name]["best_metric"]["median"] > 0.5, (name, best[name])
+    assert result["targets"]["0"] == best["momentum"]["best_metric"]["median"]
+
+    with open(outputs["markdown"], encoding="utf-8") as handle:
+        table = handle.read()
+    assert table.count("| momentum |") == 1
+    for name in optimizers:
+        assert f"| {name} |" in table and f"| **{name}** |" in table, name
+    if HAVE_MATPLOTLIB:
+        assert os.path.getsize(outputs["png"]) > 1000
+
+    # the tables can be rebuilt from the JSON alone
+    rebuilt = convergence.main(["--from-json", outputs["json"], "--no-plots", "--out", str(tmp_path / "again")])
+    with open(rebuilt[outputs["json"]]["markdown"], encoding="utf-8") as handle:
+        assert handle.read() == table
+
+
+def test_quick_mode_autoencoder_reports_losses(tmp_path):
+    outputs = convergence.main(["--task", "digits-autoencoder", "--quick", "--epochs", "1", "--no-plots",
+                                "--optimizers", "momentum,kfac", "--out", str(tmp_path)])
+    result = _load(outputs["digits-autoencoder"]["json"])
+    assert result["metric"] == "test_loss" and not result["higher_is_better"]
+    assert result["target_metric"] == "train_loss" and result["target_rule"] == "final"
+    for run in result["runs"]:
+        row = run["curve"][0]
+        assert "test_acc" not in row
+        # binary cross-entropy per pixel: below log(2) (an all-0.5 output) once trained a little
+        assert 0 < row["test_loss"] < math.log(2) and 0 < row["train_loss"] < math.log(2)
+    assert result["targets"]["0"] == result["runs"][0]["curve"][-1]["train_loss"]
+    assert outputs["digits-autoencoder"]["png"] is None
+
+
+def _run(name, lr, damping, seed, values, seconds=1.0, compile_s=0.5, key="test_acc"):
+    curve = []
+    for epoch, value in enumerate(values, 1):
+        curve.append({"epoch": epoch, "train_loss": value if key == "train_loss" else 1.0 / epoch,
+                      "test_loss": value if key != "test_acc" else 1.0 / epoch,
+                      "test_acc": value if key == "test_acc" else 0.0, "epoch_s": seconds,
+                      "seconds": compile_s + seconds * epoch, "seconds_excl_compile": seconds * epoch})
+    return {"optimizer": name, "lr": lr, "damping": damping, "seed": seed, "compile_s": compile_s,
+            "diverged_epoch": None, "curve": curve}
+
+
+def test_summary_picks_best_grid_point_and_measures_time_to_target():
+    task = TASKS["digits-cnn"]
+    runs = []
+    for seed, (slow, fast) in enumerate([((0.5, 0.7, 0.8, 0.9), (0.8, 0.9, 0.95, 0.95)),
+                                         ((0.6, 0.8, 0.85, 0.88), (0.7, 0.89, 0.9, 0.9))]):
+        runs += [_run("momentum", 0.1, None, seed, slow), _run("momentum", 0.01, None, seed, (0.2,) * 4),
+                 _run("kfac", 0.1, 1e-2, seed, fast, seconds=3.0, compile_s=4.0),
+                 _run("kfac", 0.1, 1e-3, seed, (0.3,) * 4)]
+    summary = convergence.summarize(task, runs)
+    assert summary["targets"] == {"0": 0.9, "1": 0.88}
+    momentum, kfac = summary["best"]["momentum"], summary["best"]["kfac"]
+    assert (momentum["lr"], kfac["lr"], kfac["damping"]) == (0.1, 0.1, 1e-2)
+    assert [s["epochs_to_target"] for s in kfac["per_seed"]] == [2, 2]
+    assert [s["epochs_to_target"] for s in momentum["per_seed"]] == [4, 4]
+    assert kfac["epochs_to_target_vs_momentum"]["median"] == 0.5
+    assert kfac["seconds_to_target_excl_compile"]["median"] == 6.0
+    assert kfac["seconds_to_target"]["median"] == 10.0
+    assert kfac["seconds_to_target_excl_compile_vs_momentum"]["median"] == 1.5
+    assert sum(row["chosen"] for row in summary["grid"]) == 2 and len(summary["grid"]) == 4
+    text = convergence.markdown(task, summary, seeds=2, epochs=4)
+    assert "| kfac | 0.1, 0.01 |" in text and "| **kfac** | 0.1 | 0.01 |" in text
+
+
+def test_summary_breaks_ties_by_the_metric_averaged_over_epochs():
+    task = TASKS["digits-cnn"]
+    runs = [_run("momentum", 0.1, None, 0, (0.5, 0.6, 0.9)), _run("momentum", 0.3, None, 0, (0.8, 0.9, 0.9)),
+            _run("momentum", 0.03, None, 0, (0.1, 0.2, 0.3))]
+    summary = convergence.summarize(task, runs)
+    assert summary["best"]["momentum"]["lr"] == 0.3
+    assert summary["best"]["momentum"]["per_seed"][0]["epochs_to_target"] == 2
+
+
+def test_summary_autoencoder_target_is_final_training_loss_and_unreached_is_inf():
+    task = TASKS["digits-autoencoder"]
+    runs = [_run("momentum", 0.03, None, 0, (0.5, 0.45, 0.44), key="train_loss"),
+            _run("kfac", 0.03, 1e-2, 0, (0.43, 0.3, 0.2), key="train_loss"),
+            _run("adam", 1e-3, None, 0, (0.6, 0.55, 0.5), key="train_loss")]
+    summary = convergence.summarize(task, runs)
+    assert summary["targets"] == {"0": 0.44}
+    assert summary["best"]["kfac"]["per_seed"][0]["epochs_to_target"] == 1
+    assert summary["best"]["kfac"]["epochs_to_target_vs_momentum"]["median"] == pytest.approx(1 / 3)
+    assert math.isinf(summary["best"]["adam"]["epochs_to_target"]["median"])
+    assert summary["best"]["adam"]["reached"] == 0
+    assert "not reached" in convergence.markdown(task, summary, seeds=1, epochs=3)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--task", "cifar"], ["--task", "'cifar'", "digits-cnn", "digits-autoencoder"]),
+    (["--optimizers", "momentum,lbfgs"], ["--optimizers", "'lbfgs'", "kfac", "thor"]),
+    (["--optimizers", "kfac,thor"], ["--optimizers", "momentum"]),
+    (["--optimizers", "momentum,momentum"], ["--optimizers", "repeat"]),
+    (["--seeds", "0"], ["--seeds", ">= 1"]),
+    (["--epochs", "0"], ["--epochs", ">= 1"]),
+    (["--grid", "huge"], ["--grid", "full", "single"]),
+    (["--from-json", "no/such/file.json"], ["--from-json", "no/such/file.json"]),
+])
+def test_cli_rejects_bad_arguments_naming_them(argv, words, capsys):
+    with pytest.raises(SystemExit):
+        convergence.parse_args(argv + ["--no-plots"])
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err, (word, err)
+
+
+def test_spngd_is_registered_and_needs_the_optimizer(capsys):
+    if getattr(ngd, "SPNGD", None) is not None:
+        assert "spngd" in convergence.available_optimizers()
+        assert convergence.parse_args(["--optimizers", "momentum,spngd", "--no-plots"]).optimizer_names == \
+            ["momentum", "spngd"]
+        return
+    assert "spngd" not in convergence.available_optimizers()
+    with pytest.raises(SystemExit):
+        convergence.parse_args(["--optimizers", "momentum,spngd", "--no-plots"])
+    assert "mindspore_ngd.SPNGD" in capsys.readouterr().err
+
+
+def test_mnist1d_is_regenerated_offline_without_touching_numpy_global_state():
+    pytest.importorskip("mnist1d")
+    data.mnist1d_arrays.cache_clear()
+    np.random.seed(123)
+    expected = np.random.rand()
+    np.random.seed(123)
+    x_train, y_train, x_test, y_test = TASKS["mnist1d-mlp"].load()
+    assert np.random.rand() == expected
+    assert x_train.shape == (4000, 40) and x_test.shape == (1000, 40) and x_train.dtype == np.float32
+    assert sorted(np.unique(y_train)) == list(range(10)) and y_test.dtype == np.int32
+    assert TASKS["mnist1d-cnn"].load()[0].shape == (4000, 1, 1, 40)

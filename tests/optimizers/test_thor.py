@@ -1,0 +1,187 @@
+"""THOR: shared engine (equals K-FAC with the same policy), refresh rules, splitting, the built-in
+THOR's argument list, Model.train.
+
+Elsewhere: THOR's bad arguments in tests/unit/test_arguments.py, its learning-rate and damping
+schedules in tests/unit/test_schedules.py."""
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import nn, Tensor
+from mindspore.train import Model
+
+import mindspore_ngd as ngd
+from mindspore_ngd.schedule.refresh import growing_refresh_steps, next_interval, trace_changed
+from mindspore_ngd.schedule.thor import thor_damping, thor_lr
+from nets import CONV_CASES, BNNet, DenseNet, make_conv_net
+from training import batch, train_step, weights_after
+
+CE = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+def test_thor_without_splitting_or_trace_rule_equals_kfac_with_the_same_policy():
+    common = dict(momentum=0.9, weight_decay=1e-3, damping_split="sqrt", factor_decay=0.0, kl_clip=None,
+                  verbose=False)
+    thor, _ = weights_after(lambda net: ngd.THOR(net, 0.05, 1e-2, frequency=3, split_dim=None,
+                                                 trace_threshold=None, decay_filter=ngd.default_decay_filter,
+                                                 **common))
+    kfac, _ = weights_after(lambda net: ngd.KFAC(net, 0.05, 1e-2, factor_update_interval=3,
+                                                 inverse_update_interval=3, **common))
+    for name in kfac:
+        np.testing.assert_array_equal(thor[name], kfac[name], err_msg=name)
+
+
+def test_split_dim_at_least_the_factor_size_changes_nothing():
+    base, _ = weights_after(lambda net: ngd.THOR(net, 0.05, 1e-2, frequency=2, split_dim=None, verbose=False))
+    big, _ = weights_after(lambda net: ngd.THOR(net, 0.05, 1e-2, frequency=2, split_dim=1000, verbose=False))
+    for name in base:
+        np.testing.assert_array_equal(big[name], base[name], err_msg=name)
+
+
+def test_split_factors_are_stored_as_blocks_and_train():
+    weights, opt = weights_after(lambda net: ngd.THOR(net, 0.05, 1e-2, frequency=2, split_dim=8, verbose=False))
+    # conv: A is 2*3*3 + 1 = 19 -> 3 blocks of 8; fc: A is 101 -> 13 blocks of 8; G's 4 and 3 stay whole
+    assert opt.a_inverses[0].shape == (3, 8, 8) and opt.a_inverses[1].shape == (13, 8, 8)
+    assert opt.g_inverses[0].shape == (4, 4) and opt.g_inverses[1].shape == (3, 3)
+    assert opt.state_counters()["inverse_faults"] == 0
+    assert all(np.isfinite(w).all() for w in weights.values())
+
+
+def test_growing_refresh_interval_planner_and_optimizer_agree():
+    assert next_interval(3, 1.5, None) == 5 and next_interval(8, 2.0, 10) == 10 and next_interval(4, 1.0, None) == 4
+    expected = growing_refresh_steps(2, 2.0, 8, 30)
+    assert expected == [0, 2, 6, 14, 22]
+    ms.set_seed(0)
+    net = DenseNet()
+    opt = ngd.THOR(net, 0.05, 1e-2, frequency=2, frequency_growth=2.0, max_frequency=8, verbose=False)
+    step = train_step(net, opt)
+    x, y = batch(0, shape=(5,))
+    seen, last = [], 0
+    for i in range(30):
+        step(x, y)
+        updates = int(opt.a_updates[0].asnumpy())
+        if updates > last:
+            seen.append(i)
+            last = updates
+    assert seen == expected
+    assert opt.state_counters()["interval"] == 8
+
+
+class _TraceRule(nn.Cell):
+    def construct(self, new, old, threshold):
+        return trace_changed(new, old, threshold)
+
+
+def test_trace_rule_on_a_synthetic_sequence():
+    rule = _TraceRule()
+    traces = [10.0, 10.5, 10.9, 13.0, 13.1, 0.0, 1.0]
+    kept = traces[0]
+    decisions = []
+    for value in traces[1:]:
+        changed = bool(rule(Tensor(np.float32(value)), Tensor(np.float32(kept)), 0.1).asnumpy())
+        decisions.append(changed)
+        if changed:
+            kept = value                  # the inverse is rebuilt from the new statistic
+    # 10.5 (+5%) keep; 10.9 (+9% of 10) keep; 13.0 (+30%) refresh; 13.1 keep; 0.0 refresh; from 0 always
+    assert decisions == [False, False, True, False, True, True]
+
+
+@pytest.mark.parametrize("threshold, expected_refreshes", [(1e9, 1), (1e-9, 3)])
+def test_trace_threshold_controls_which_layers_refresh(threshold, expected_refreshes):
+    # refresh points 0, 2, 4, 6: step 0 captures everything; points 2, 4, 6 probe traces and the
+    # following step (3, 5; 7 is beyond the run) captures what moved
+    _, opt = weights_after(lambda net: ngd.THOR(net, 0.05, 1e-2, frequency=2, trace_threshold=threshold,
+                                                verbose=False), steps=7)
+    counters = opt.state_counters()
+    assert counters["layer_refreshes"] == [expected_refreshes] * 2
+    assert int(opt.a_updates[0].asnumpy()) == expected_refreshes
+    assert int(opt.g_updates[1].asnumpy()) == expected_refreshes
+
+
+class _Traces(nn.Cell):
+    def __init__(self, capture):
+        super().__init__()
+        self.capture = capture
+
+    def construct(self, x):
+        return self.capture.input_trace(x)
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_input_trace_without_forming_the_factor(case):
+    from mindspore_ngd.capture import LayerCapture, find_layers
+    rng = np.random.default_rng(case)
+    net, x, y, _ = make_conv_net(CONV_CASES[case], rng)
+    factors = ngd.kronecker_factors(net, CE, Tensor(x), Tensor(y))
+    specs, _, _ = find_layers(net)
+    for spec in specs:
+        probe = _Traces(LayerCapture(spec, "t"))
+        inputs = x if spec.kind == "conv2d" else np.maximum(net.conv(Tensor(x)).asnumpy(), 0).reshape(len(x), -1)
+        assert float(probe(Tensor(inputs)).asnumpy()) == pytest.approx(np.trace(factors[spec.name][0]), rel=1e-5)
+
+
+def test_trace_rule_skips_the_factor_computation_of_unmoved_statistics():
+    ms.set_seed(0)
+    net = BNNet()
+    opt = ngd.THOR(net, 0.05, 1e-2, frequency=2, trace_threshold=1e9, verbose=False)
+    step = train_step(net, opt)
+    step(*batch(0))                                             # step 0 captures every factor
+    first = opt.captures[0].a_batch.asnumpy().copy()
+    for i in range(1, 6):                                       # refresh points 2 and 4 only probe traces
+        step(*batch(i))
+    np.testing.assert_array_equal(opt.captures[0].a_batch.asnumpy(), first)
+    assert float(opt.captures[0].a_trace.asnumpy()) > 0         # the probe ran
+    assert int(opt.a_updates[0].asnumpy()) == 1
+
+
+def test_builtin_thor_argument_set_is_accepted_positionally():
+    lr = Tensor(thor_lr(0.05803, 4.0839, 53, 10, 2))
+    damping = Tensor(thor_damping(0.03, 0.50036, 10, 2))
+    net = BNNet()
+    # thor(net, learning_rate, damping, momentum, weight_decay, loss_scale, batch_size, use_nesterov,
+    #      decay_filter, split_indices, enable_clip_grad, frequency)
+    opt = ngd.THOR(net, lr, damping, 0.9, 5e-4, 128, 32, False, lambda x: x.name not in [], [26, 53], True, 4,
+                   verbose=False)
+    assert opt.policy.clip_norm == 1.0 and opt.policy.inverse_update_interval == 4
+    assert len(opt.decayed_parameters()) == len(net.trainable_params())
+
+
+def test_enable_clip_grad_bounds_every_update():
+    ms.set_seed(0)
+    net = DenseNet()
+    opt = ngd.THOR(net, 10.0, 1e-3, momentum=0.0, enable_clip_grad=True, frequency=1, verbose=False)
+    before = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+    train_step(net, opt)(*batch(0, shape=(5,)))
+    for p in net.trainable_params():
+        assert np.linalg.norm(p.asnumpy() - before[p.name]) <= 10.0 * (1 + 1e-5)
+
+
+def test_thor_trains_the_digits_cnn_on_cpu_in_model_train():
+    from benchmarks.data import array_dataset, digits_arrays
+    from benchmarks.models import DigitsCNN
+    x_train, y_train, x_test, y_test = digits_arrays()
+    ms.set_seed(0)
+    net = DigitsCNN()
+    opt = ngd.THOR(net, 0.05, 1e-2, 0.9, 5e-4, frequency=10, split_dim=64, trace_threshold=0.05, kl_clip=1e-3,
+                   verbose=False)
+    model = Model(net, CE, opt, metrics={"acc"})
+    model.train(2, array_dataset(x_train, y_train, 64), dataset_sink_mode=False)
+    result = model.eval(array_dataset(x_test, y_test, 64, shuffle=False, drop_remainder=False))
+    assert result["acc"] > 0.85, result
+
+
+
+def test_trace_rule_captures_on_the_step_after_a_probe_only():
+    # probes at refresh points 2, 4, 6; captures at 0 and after a probe (every statistic moves with a
+    # threshold of 1e-9) -- for every layer, not only the first (whose probe flag the others read)
+    ms.set_seed(0)
+    net = BNNet()
+    opt = ngd.THOR(net, 0.05, 1e-2, frequency=2, trace_threshold=1e-9, verbose=False)
+    step = train_step(net, opt)
+    captured, probed = [], []
+    for i in range(7):
+        captured.append([bool(c.capture_a.asnumpy()) and bool(c.capture_g.asnumpy()) for c in opt.captures])
+        probed.append([bool(c.trace_a.asnumpy()) for c in opt.captures])
+        step(*batch(i))
+    assert captured == [[i in (0, 3, 5)] * 2 for i in range(7)]
+    assert probed == [[i in (2, 4, 6)] * 2 for i in range(7)]

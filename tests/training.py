@@ -1,0 +1,50 @@
+"""Short training runs shared by the tests: synthetic batches, a training step, a few steps of an
+optimizer from a fixed seed."""
+import numpy as np
+
+import mindspore as ms
+from mindspore import nn, Tensor
+
+import mindspore_ngd as ngd
+from nets import BNNet
+
+CE = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+def batch(seed, n=8, shape=(2, 5, 5), classes=3):
+    """A reproducible batch of ``n`` standard-normal inputs (BNNet's shape by default) and labels."""
+    rng = np.random.default_rng(seed)
+    return (Tensor(rng.standard_normal((n,) + shape).astype(np.float32)),
+            Tensor(rng.integers(0, classes, n).astype(np.int32)))
+
+
+def train_step(net, opt, loss=CE):
+    """``nn.TrainOneStepCell`` of ``net`` under ``loss``, in training mode."""
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt)
+    step.set_train()
+    return step
+
+
+def weights_after(make_opt, steps=7, seed=0):
+    """Train a fresh BNNet (initial weights from ``seed``) with ``make_opt(net)`` on ``steps`` fixed
+    batches; return its weights by name and the optimizer. Two optimizers that should be the same
+    update compare bit-for-bit this way."""
+    ms.set_seed(seed)
+    net = BNNet()
+    opt = make_opt(net)
+    step = train_step(net, opt)
+    for i in range(steps):
+        step(*batch(i))
+    return {p.name: p.asnumpy() for p in net.trainable_params()}, opt
+
+
+def one_step_update(net, x, y, split, damping, **kwargs):
+    """Weights before/after one K-FAC step with lr 1 and no momentum, decay or clipping."""
+    before = {p.name: p.asnumpy().astype(np.float64) for p in net.trainable_params()}
+    opt = ngd.KFAC(net, learning_rate=1.0, damping=damping, momentum=0.0, weight_decay=0.0,
+                   factor_decay=0.0, damping_split=split, kl_clip=None, verbose=False, **kwargs)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, CE), opt)
+    step.set_train()
+    step(Tensor(x), Tensor(y))
+    after = {p.name: p.asnumpy().astype(np.float64) for p in net.trainable_params()}
+    return {name: after[name] - before[name] for name in before}

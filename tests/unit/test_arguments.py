@@ -1,0 +1,106 @@
+"""Bad arguments fail early, in the constructor before any graph is compiled, with messages that name
+the argument and what it accepts: the shared K-FAC arguments and networks, SP-NGD's, THOR's, and
+the distributed ones of all three."""
+import numpy as np
+import pytest
+
+from mindspore import nn, Tensor
+
+import mindspore_ngd as ngd
+from nets import DenseNet
+
+
+# ------------------------------------------------------------------ shared (K-FAC) arguments and networks
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(learning_rate=0.0), ValueError, r"learning_rate must be a finite number > 0, got 0.0"),
+    (dict(learning_rate=-1e-3), ValueError, r"learning_rate must be a finite number > 0"),
+    (dict(learning_rate=[0.1, -0.1]), ValueError, r"every value of learning_rate must be a finite number > 0"),
+    (dict(learning_rate="0.1"), TypeError, r"learning_rate must be a positive float"),
+    (dict(damping=0.0), ValueError, r"damping must be a finite number > 0"),
+    (dict(damping=float("nan")), ValueError, r"damping must be a finite number > 0"),
+    (dict(factor_decay=1.0), ValueError, r"factor_decay must be in \[0.0, 1.0\), got 1.0"),
+    (dict(factor_decay=-0.1), ValueError, r"factor_decay must be in \[0.0, 1.0\)"),
+    (dict(factor_update_interval=0), ValueError, r"factor_update_interval must be an int >= 1, got 0"),
+    (dict(inverse_update_interval=2.5), TypeError, r"inverse_update_interval must be an int >= 1"),
+    (dict(damping_split="trace"), ValueError, r"damping_split must be one of \['pi', 'sqrt'\], got 'trace'"),
+    (dict(inverse_method="svd"), ValueError, r"inverse_method must be one of \['cholesky', 'eigh', 'lu'\]"),
+    (dict(momentum=1.5), ValueError, r"momentum must be in \[0.0, 1.0\]"),
+    (dict(weight_decay=-1.0), ValueError, r"weight_decay must be a finite number >= 0"),
+    (dict(kl_clip=0.0), ValueError, r"kl_clip must be a finite number > 0"),
+    (dict(loss_scale=0.0), ValueError, r"loss_scale must be a finite number > 0"),
+    (dict(skip_layers=["nope"]), ValueError, r"skip_layers names no Dense/Conv2d cell of the network: \['nope'\]"),
+])
+def test_bad_arguments_raise_before_compilation(kwargs, error, match):
+    args = dict(learning_rate=0.1)
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        ngd.KFAC(DenseNet(), verbose=False, **args)
+
+
+def test_bad_networks():
+    with pytest.raises(TypeError, match="network must be a mindspore.nn.Cell"):
+        ngd.KFAC([1, 2], learning_rate=0.1)
+
+    class NoLayers(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm1d(3)
+
+        def construct(self, x):
+            return self.bn(x)
+
+    with pytest.raises(ValueError, match="no nn.Dense or nn.Conv2d layer that can be preconditioned"):
+        ngd.KFAC(NoLayers(), learning_rate=0.1)
+    frozen = DenseNet()
+    for p in frozen.get_parameters():
+        p.requires_grad = False
+    with pytest.raises(ValueError, match="network has no trainable parameters"):
+        ngd.KFAC(frozen, learning_rate=0.1)
+
+
+# ------------------------------------------------------------------ SP-NGD
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(refresh_threshold=0.0), ValueError, "refresh_threshold"),
+    (dict(max_interval=0), ValueError, "max_interval"),
+    (dict(stale="yes"), TypeError, "stale"),
+    (dict(batchnorm_damping=-1.0), ValueError, "batchnorm_damping"),
+    (dict(fisher="true"), ValueError, "fisher"),
+    (dict(weight_decay=-1.0), ValueError, "weight_decay"),
+    (dict(damping=0.0), ValueError, "damping"),
+])
+def test_bad_spngd_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        ngd.SPNGD(DenseNet(), **{"learning_rate": 0.1, **kwargs})
+
+
+# ------------------------------------------------------------------ THOR
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(frequency=0), ValueError, r"frequency must be an int >= 1, got 0"),
+    (dict(split_dim=0), ValueError, r"split_dim must be an int >= 1, got 0"),
+    (dict(trace_threshold=-0.1), ValueError, r"trace_threshold must be a finite number > 0"),
+    (dict(frequency_growth=0.5), ValueError, r"frequency_growth must be in \[1.0, inf"),
+    (dict(frequency=10, max_frequency=5), ValueError, r"max_frequency must be >= frequency \(10\), got 5"),
+    (dict(inverse_method="svd"), ValueError, r"inverse_method must be one of"),
+    (dict(damping=Tensor(np.array([0.1, 0.0], np.float32))), ValueError, r"every value of damping"),
+    (dict(enable_clip_grad=1), TypeError, r"enable_clip_grad must be a bool"),
+])
+def test_bad_thor_arguments(kwargs, error, match):
+    args = dict(learning_rate=0.1, damping=0.03)
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        ngd.THOR(DenseNet(), verbose=False, **args)
+
+
+# ------------------------------------------------------------------ distributed
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(distributed="yes"), ValueError, r"distributed must be 'auto', True or False, got 'yes'"),
+    (dict(grad_worker_fraction=0), ValueError, r"grad_worker_fraction must be None or a number in \(0, 1\]"),
+    (dict(grad_worker_fraction="half"), TypeError, r"grad_worker_fraction must be None or a number"),
+    (dict(balance="speed"), ValueError, r"balance must be one of \['compute', 'memory'\], got 'speed'"),
+])
+def test_distributed_arguments_are_validated(kwargs, error, match):
+    for cls in (ngd.KFAC, ngd.SPNGD):
+        with pytest.raises(error, match=match):
+            cls(DenseNet(), learning_rate=0.1, verbose=False, **kwargs)
+    with pytest.raises(error, match=match):
+        ngd.THOR(DenseNet(), 0.1, 1e-2, verbose=False, **kwargs)
