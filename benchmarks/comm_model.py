@@ -46,7 +46,8 @@ import json
 import os
 from dataclasses import dataclass, field, asdict
 
-from mindspore_ngd.parallel.plan import plan_ownership, tri_size
+from mindspore_ngd.parallel.packing import tri_size
+from mindspore_ngd.parallel.plan import plan_ownership
 
 FLOAT_BYTES = 4
 MB = 1e6

@@ -89,7 +89,7 @@ def train_digits(optimizer="kfac", epochs=10, lr=0.05, batch_size=64, seed=0, ve
     ``kfac_kwargs`` override the second-order optimizer's arguments. SP-NGD rows also carry the
     epoch's refresh ratio (statistics recomputed per step / number of statistics).
     """
-    from mindspore_ngd import KFAC
+    from mindspore_ngd import KFAC, NGDOptimizer
     from .data import array_dataset, digits_arrays
 
     x_train, y_train, x_test, y_test = digits_arrays()
@@ -117,7 +117,7 @@ def train_digits(optimizer="kfac", epochs=10, lr=0.05, batch_size=64, seed=0, ve
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     model = Model(net, loss_fn, opt)
     callbacks = []
-    if hasattr(opt, "refresh_state"):
+    if isinstance(opt, NGDOptimizer) and opt.policy.refresh.per_statistic:
         from mindspore_ngd.train import RefreshMonitor
         callbacks.append(RefreshMonitor(opt, verbose=False))
     log = _EpochLog(net, (x_train, y_train), (x_test, y_test), verbose, optimizer,

@@ -74,7 +74,7 @@ class _Inversions(nn.Cell):
 
     def construct(self, damping):
         opt = self.optimizer
-        return opt._refreshed_state(opt._inverse_state(), opt._factor_state(), damping, None)[3]
+        return opt._inverted(opt._stored_inverses(), opt._stored_factors(), damping, None)[1]
 
 
 class _Barrier(nn.Cell):

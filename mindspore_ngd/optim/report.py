@@ -48,7 +48,7 @@ class Inspection:
     def refresh_state(self):
         """``{statistic: (interval, next refresh step, refreshes so far)}`` as Python ints, for a rule
         with per-statistic intervals (SP-NGD's stale statistics); TypeError for other rules."""
-        if not getattr(self.policy.refresh, "per_statistic", False):
+        if not self.policy.refresh.per_statistic:
             raise TypeError(f"{type(self).__name__} has no per-statistic refresh intervals (its refresh rule is "
                             f"{type(self.policy.refresh).__name__}; SP-NGD's StaleIntervals has them)")
         return self.refresh_rule.refresh_state(self.statistic_names)

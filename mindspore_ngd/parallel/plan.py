@@ -56,8 +56,7 @@ from types import MappingProxyType
 from typing import Tuple
 
 from .._validate import int_at_least as _int
-# triu_flat_indices is not used here: parallel/comm.py imports it (with tri_size) from this module
-from .packing import PackLayout, pack_layout, tri_size, triu_flat_indices  # noqa: F401
+from .packing import pack_layout, tri_size
 
 __all__ = ["WorkItem", "OwnershipPlan", "plan_ownership", "lpt_assign", "grad_workers", "factor_cost"]
 

@@ -94,6 +94,7 @@ class FixedInterval:
     inverse_interval: int = 20
     per_layer: ClassVar[bool] = False
     track_changes: ClassVar[bool] = False
+    per_statistic: ClassVar[bool] = False
 
     def validated(self):
         _validate.positive_int("factor_update_interval", self.factor_interval)
@@ -169,6 +170,7 @@ class GrowingInterval:
         return self.trace_threshold is not None
 
     track_changes: ClassVar[bool] = False
+    per_statistic: ClassVar[bool] = False
 
     def validated(self):
         _validate.positive_int("frequency", self.frequency)

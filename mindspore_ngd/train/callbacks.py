@@ -16,14 +16,16 @@ class RefreshMonitor(Callback):
     :attr:`history` as ``(epoch, steps, ratio)``.
 
     Args:
-        optimizer: an optimizer with ``refresh_state()`` (:class:`mindspore_ngd.SPNGD`).
+        optimizer: an optimizer whose refresh rule has per-statistic intervals (:class:`mindspore_ngd.SPNGD`,
+            or any :class:`mindspore_ngd.NGDOptimizer` with a ``StaleIntervals`` rule).
         verbose (bool): log one line per epoch on the "mindspore_ngd" logger.
     """
 
     def __init__(self, optimizer, verbose=True):
         super().__init__()
-        if not hasattr(optimizer, "refresh_state"):
-            raise TypeError(f"RefreshMonitor needs an optimizer with refresh_state() (SPNGD), "
+        rule = getattr(getattr(optimizer, "policy", None), "refresh", None)
+        if not getattr(rule, "per_statistic", False):
+            raise TypeError(f"RefreshMonitor needs an optimizer with per-statistic refresh intervals (SPNGD), "
                             f"got {type(optimizer).__name__}")
         self.optimizer = optimizer
         self.verbose = verbose

@@ -92,16 +92,16 @@ def run_case(name, rank=0, world=1):
     out = {"weights": {p.name: p.asnumpy().copy() for p in net.trainable_params()},
            "counters": opt.state_counters(), "owned": list(opt.owned_layers),
            "factors": {k: [a.copy(), g.copy()] for k, (a, g) in opt.kronecker_factors().items()},
-           "updates": [[int(opt.a_updates[k].asnumpy()), int(opt.g_updates[k].asnumpy())]
+           "updates": [[int(opt.blocks[k].a_updates.asnumpy()), int(opt.blocks[k].g_updates.asnumpy())]
                        for k in range(opt.num_layers)]}
-    if hasattr(opt, "refresh_state"):
+    if opt.policy.refresh.per_statistic:
         out["refresh"] = {k: list(v) for k, v in opt.refresh_state().items()}
     if opt.parallel_plan is not None:
         out["parallel"] = opt.parallel_state()
         out["plan_positions"] = list(opt.parallel_plan.positions)
         out["plan_text"] = str(opt.parallel_plan)
         out["summary"] = opt.summary()
-        out["factor_shapes"] = {s.name: [list(opt.a_factors[k].shape), list(opt.g_factors[k].shape),
-                                         list(opt.a_inverses[k].shape), list(opt.g_inverses[k].shape)]
+        out["factor_shapes"] = {s.name: [list(opt.blocks[k].a_factor.shape), list(opt.blocks[k].g_factor.shape),
+                                         list(opt.blocks[k].a_inverse.shape), list(opt.blocks[k].g_inverse.shape)]
                                 for k, s in enumerate(opt.layer_specs)}
     return out, net, opt

@@ -89,7 +89,10 @@ def test_checkpoint_written_before_the_restructuring_resumes_to_the_same_weights
     _check(case, net, opt)
 
 
+# slow (about 100 s): the distributed equivalence tests of tests/distributed cover the same cases in the
+# default run against a single process; this one pins the exact pre-restructuring weights
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_two_msrun_ranks_reproduce_the_recorded_weights():
     from distributed import run_msrun
     golden = np.load(os.path.join(HERE, "two_ranks.npz"))

@@ -16,7 +16,7 @@ class _Inverse(nn.Cell):
 
     def construct(self, m, shift):
         safe, valid = inv_ops.sanitize(m)
-        inv, ok = inv_ops.damped_inverse(safe, shift, self.method, self.jitter)
+        inv, ok = inv_ops.damped_inverse(safe, shift, self.method, inv_ops.trace_jitter(safe, self.jitter))
         return inv, ops.logical_and(ok, valid)
 
 

@@ -29,13 +29,13 @@ def test_nan_batch_leaves_weights_finite_and_is_counted():
     x, y = data(0)
     step(Tensor(x), Tensor(y))
     before = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
-    inverses = [a.asnumpy().copy() for a in opt.a_inverses]
+    inverses = [a.asnumpy().copy() for a in [b.a_inverse for b in opt.blocks]]
     bad = x.copy()
     bad[3, 2] = np.nan
     step(Tensor(bad), Tensor(y))
     for p in net.trainable_params():                       # the faulty step changed nothing
         np.testing.assert_array_equal(p.asnumpy(), before[p.name])
-    for a, old in zip(opt.a_inverses, inverses):
+    for a, old in zip([b.a_inverse for b in opt.blocks], inverses):
         assert np.isfinite(a.asnumpy()).all()
     counters = opt.state_counters()
     assert counters["skipped_steps"] == 1
@@ -57,17 +57,17 @@ def test_corrupt_factor_keeps_previous_inverse(method, corruption):
     step.set_train()
     x, y = Tensor(data(0)[0]), Tensor(data(0)[1])
     step(x, y)                                                # step 0: factors + inverses
-    good = opt.a_inverses[0].asnumpy().copy()
-    dim = opt.a_factors[0].shape[0]
+    good = opt.blocks[0].a_inverse.asnumpy().copy()
+    dim = opt.blocks[0].a_factor.shape[0]
     if corruption == "nan":
-        bad = opt.a_factors[0].asnumpy().copy()
+        bad = opt.blocks[0].a_factor.asnumpy().copy()
         bad[0, 0] = np.nan
     else:                                                     # symmetric, positive diagonal, indefinite
         bad = np.eye(dim, dtype=np.float32)
         bad[0, 1] = bad[1, 0] = 2.0
-    opt.a_factors[0].set_data(Tensor(bad))
+    opt.blocks[0].a_factor.set_data(Tensor(bad))
     step(x, y)
     step(x, y)                                                # step 2: refresh with the corrupt factor
     assert opt.state_counters()["inverse_faults"] == 1
-    np.testing.assert_array_equal(opt.a_inverses[0].asnumpy(), good)
+    np.testing.assert_array_equal(opt.blocks[0].a_inverse.asnumpy(), good)
     assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())

@@ -28,7 +28,7 @@ def test_mc_fisher_g_of_the_output_layer_averages_to_the_true_fisher():
     draws = []
     for _ in range(300):
         step(Tensor(x), Tensor(labels))
-        draws.append(opt.g_factors[1].asnumpy().copy())   # asnumpy() may alias the device buffer
+        draws.append(opt.blocks[1].g_factor.asnumpy().copy())   # asnumpy() may alias the device buffer
     logits = net(Tensor(x)).asnumpy().astype(np.float64)
     p = np.exp(logits - logits.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
@@ -66,7 +66,7 @@ def test_mc_fisher_gaussian_g_and_the_true_gradient_reach_the_optimizer():
     batch_mean = twin.conv(x).asnumpy().mean(axis=(0, 2, 3))
     np.testing.assert_allclose(net.bn.moving_mean.asnumpy(), moving + 0.1 * batch_mean, rtol=1e-5, atol=1e-7)
     # Gaussian G of the output layer: one sample of N(0, I) outer products, so its trace is near dim
-    g_out = opt.g_factors[1].asnumpy()
+    g_out = opt.blocks[1].g_factor.asnumpy()
     assert 0.5 * 3 < np.trace(g_out) < 2.0 * 3
 
 

@@ -8,7 +8,6 @@
 * a checkpoint taken mid-run (network and optimizer) resumes bit-identically, here into the engine
   built from the class's policy;
 * a step with a non-finite gradient changes no weight and is counted;
-* it trains in stock ``Model.train``;
 * bad arguments fail before any graph is compiled, naming the argument.
 """
 import numpy as np
@@ -16,7 +15,6 @@ import pytest
 
 import mindspore as ms
 from mindspore import nn, Tensor
-from mindspore.train import Model
 
 import mindspore_ngd as ngd
 from mindspore_ngd.optim.policy import default_decay_filter
@@ -157,34 +155,6 @@ def test_spngd_without_stale_statistics_and_kfac_with_intervals_one_train_to_ide
         _train(net, make(net), _batches())
         results.append(_weights(net))
     _assert_identical(*results)
-
-
-class _Data:
-    def __init__(self, batches):
-        self.items = [(x[i], np.asarray(y[i])) for x, y in batches for i in range(len(y))]
-
-    def __getitem__(self, i):
-        return self.items[i]
-
-    def __len__(self):
-        return len(self.items)
-
-
-@pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_trains_in_model_train(name):
-    import mindspore.dataset as ds
-    rng = np.random.default_rng(4)
-    x = rng.standard_normal((64, 2, 4, 4)).astype(np.float32)
-    y = (x[:, 0].sum((1, 2)) > 0).astype(np.int32) + (x[:, 1].sum((1, 2)) > 0).astype(np.int32)
-    data = ds.GeneratorDataset(_Data([(x, y)]), ["x", "y"], shuffle=False).batch(16)
-    net = _net()
-    opt = OPTIMIZERS[name](net)
-    model = Model(net, CE, opt, metrics={"loss"})
-    first = model.eval(data, dataset_sink_mode=False)["loss"]
-    model.train(6, data, dataset_sink_mode=False)
-    last = model.eval(data, dataset_sink_mode=False)["loss"]
-    assert np.isfinite(last) and last < first
-    assert opt.state_counters()["step"] == 24
 
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))

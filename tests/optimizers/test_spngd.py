@@ -3,13 +3,14 @@
 Elsewhere: the Monte-Carlo Fisher (``fisher="mc"``, any optimizer) in test_mc_fisher.py, SP-NGD's
 arguments in tests/unit/test_arguments.py, its polynomial schedule in tests/unit/test_schedules.py."""
 import numpy as np
+import pytest
 
 import mindspore as ms
 from mindspore import nn, ops, Tensor
 from mindspore.train import Model
 
 import mindspore_ngd as ngd
-from mindspore_ngd.schedule.refresh import stale_plan, stale_update
+from mindspore_ngd.schedule.rules import StaleIntervals, stale_intervals
 from nets import DenseNet, set_weights
 from reference import numpy_kfac as ref
 from training import batch, train_step, weights_after
@@ -19,8 +20,15 @@ CE = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 
 # ------------------------------------------------------------------ the refresh rule
 class _StaleRule(nn.Cell):
+    """The graph side of the rule: new intervals and next refresh steps (as the optimizer's rule cell)."""
+
     def construct(self, intervals, next_refresh, changes, step):
-        return stale_update(intervals, next_refresh, changes, step, 0.1, 8)
+        intervals, taken = stale_intervals(intervals, changes, 0.1, 8)
+        return intervals, ops.select(taken, step + intervals, next_refresh)
+
+
+def stale_plan(changes_at, total_steps, threshold, max_interval):
+    return StaleIntervals(threshold, max_interval).plan(changes_at, total_steps)
 
 
 def _drive(changes_at, steps):
@@ -183,7 +191,7 @@ def test_unit_wise_batchnorm_step_equals_the_numpy_reference():
     opt = ngd.SPNGD(net, learning_rate=lr, damping=1e-2, momentum=0.0, batchnorm_damping=1e-2, kl_clip=None,
                     verbose=False)
     train_step(net, opt)(Tensor(x), Tensor(labels))
-    np.testing.assert_allclose(opt.norm_factors[0].asnumpy(), fisher, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(opt.norm_blocks[0].fisher.asnumpy(), fisher, rtol=1e-4, atol=1e-6)
     # step = -lr * (F_c + damping I)^-1 [g_gamma, g_beta] per channel (no weight decay on gamma/beta)
     np.testing.assert_allclose((gamma0 - net.bn.gamma.asnumpy()) / lr, natural[:, 0], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose((beta0 - net.bn.beta.asnumpy()) / lr, natural[:, 1], rtol=1e-4, atol=1e-5)
@@ -227,3 +235,11 @@ def test_spngd_trains_a_batchnorm_cnn_in_model_train_with_refresh_monitor():
     ratios = [ratio for _, _, ratio in monitor.history]
     assert all(0 < r <= 1 for r in ratios) and ratios[-1] < ratios[0]
     assert any(name.endswith(".F") for name in opt.statistic_names)
+
+
+def test_refresh_monitor_and_refresh_state_need_per_statistic_intervals():
+    opt = ngd.KFAC(DenseNet(), 0.1, verbose=False)
+    with pytest.raises(TypeError, match="per-statistic refresh intervals"):
+        ngd.RefreshMonitor(opt)
+    with pytest.raises(TypeError, match="per-statistic refresh intervals"):
+        opt.refresh_state()

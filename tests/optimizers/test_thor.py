@@ -11,7 +11,8 @@ from mindspore import nn, Tensor
 from mindspore.train import Model
 
 import mindspore_ngd as ngd
-from mindspore_ngd.schedule.refresh import growing_refresh_steps, next_interval, trace_changed
+from mindspore_ngd.curvature.statistics import relative_change
+from mindspore_ngd.schedule.rules import GrowingInterval, grown_interval
 from mindspore_ngd.schedule.thor import thor_damping, thor_lr
 from nets import CONV_CASES, BNNet, DenseNet, make_conv_net
 from training import batch, train_step, weights_after
@@ -41,15 +42,16 @@ def test_split_dim_at_least_the_factor_size_changes_nothing():
 def test_split_factors_are_stored_as_blocks_and_train():
     weights, opt = weights_after(lambda net: ngd.THOR(net, 0.05, 1e-2, frequency=2, split_dim=8, verbose=False))
     # conv: A is 2*3*3 + 1 = 19 -> 3 blocks of 8; fc: A is 101 -> 13 blocks of 8; G's 4 and 3 stay whole
-    assert opt.a_inverses[0].shape == (3, 8, 8) and opt.a_inverses[1].shape == (13, 8, 8)
-    assert opt.g_inverses[0].shape == (4, 4) and opt.g_inverses[1].shape == (3, 3)
+    assert opt.blocks[0].a_inverse.shape == (3, 8, 8) and opt.blocks[1].a_inverse.shape == (13, 8, 8)
+    assert opt.blocks[0].g_inverse.shape == (4, 4) and opt.blocks[1].g_inverse.shape == (3, 3)
     assert opt.state_counters()["inverse_faults"] == 0
     assert all(np.isfinite(w).all() for w in weights.values())
 
 
 def test_growing_refresh_interval_planner_and_optimizer_agree():
-    assert next_interval(3, 1.5, None) == 5 and next_interval(8, 2.0, 10) == 10 and next_interval(4, 1.0, None) == 4
-    expected = growing_refresh_steps(2, 2.0, 8, 30)
+    assert grown_interval(3, 1.5, None) == 5 and grown_interval(8, 2.0, 10) == 10
+    assert grown_interval(4, 1.0, None) == 4 and grown_interval(2, 1.5, None) == 3     # no float32 round-up
+    expected = GrowingInterval(2, 2.0, 8).plan(30)
     assert expected == [0, 2, 6, 14, 22]
     ms.set_seed(0)
     net = DenseNet()
@@ -59,7 +61,7 @@ def test_growing_refresh_interval_planner_and_optimizer_agree():
     seen, last = [], 0
     for i in range(30):
         step(x, y)
-        updates = int(opt.a_updates[0].asnumpy())
+        updates = int(opt.blocks[0].a_updates.asnumpy())
         if updates > last:
             seen.append(i)
             last = updates
@@ -69,7 +71,7 @@ def test_growing_refresh_interval_planner_and_optimizer_agree():
 
 class _TraceRule(nn.Cell):
     def construct(self, new, old, threshold):
-        return trace_changed(new, old, threshold)
+        return relative_change(new, old) > threshold
 
 
 def test_trace_rule_on_a_synthetic_sequence():
@@ -94,8 +96,8 @@ def test_trace_threshold_controls_which_layers_refresh(threshold, expected_refre
                                                 verbose=False), steps=7)
     counters = opt.state_counters()
     assert counters["layer_refreshes"] == [expected_refreshes] * 2
-    assert int(opt.a_updates[0].asnumpy()) == expected_refreshes
-    assert int(opt.g_updates[1].asnumpy()) == expected_refreshes
+    assert int(opt.blocks[0].a_updates.asnumpy()) == expected_refreshes
+    assert int(opt.blocks[1].g_updates.asnumpy()) == expected_refreshes
 
 
 class _Traces(nn.Cell):
@@ -126,12 +128,12 @@ def test_trace_rule_skips_the_factor_computation_of_unmoved_statistics():
     opt = ngd.THOR(net, 0.05, 1e-2, frequency=2, trace_threshold=1e9, verbose=False)
     step = train_step(net, opt)
     step(*batch(0))                                             # step 0 captures every factor
-    first = opt.captures[0].a_batch.asnumpy().copy()
+    first = opt.blocks[0].capture.a_batch.asnumpy().copy()
     for i in range(1, 6):                                       # refresh points 2 and 4 only probe traces
         step(*batch(i))
-    np.testing.assert_array_equal(opt.captures[0].a_batch.asnumpy(), first)
-    assert float(opt.captures[0].a_trace.asnumpy()) > 0         # the probe ran
-    assert int(opt.a_updates[0].asnumpy()) == 1
+    np.testing.assert_array_equal(opt.blocks[0].capture.a_batch.asnumpy(), first)
+    assert float(opt.blocks[0].capture.a_trace.asnumpy()) > 0         # the probe ran
+    assert int(opt.blocks[0].a_updates.asnumpy()) == 1
 
 
 def test_builtin_thor_argument_set_is_accepted_positionally():
@@ -142,7 +144,7 @@ def test_builtin_thor_argument_set_is_accepted_positionally():
     #      decay_filter, split_indices, enable_clip_grad, frequency)
     opt = ngd.THOR(net, lr, damping, 0.9, 5e-4, 128, 32, False, lambda x: x.name not in [], [26, 53], True, 4,
                    verbose=False)
-    assert opt.policy.clip_norm == 1.0 and opt.policy.inverse_update_interval == 4
+    assert opt.policy.clip_norm == 1.0 and opt.policy.refresh.frequency == 4
     assert len(opt.decayed_parameters()) == len(net.trainable_params())
 
 
@@ -180,8 +182,8 @@ def test_trace_rule_captures_on_the_step_after_a_probe_only():
     step = train_step(net, opt)
     captured, probed = [], []
     for i in range(7):
-        captured.append([bool(c.capture_a.asnumpy()) and bool(c.capture_g.asnumpy()) for c in opt.captures])
-        probed.append([bool(c.trace_a.asnumpy()) for c in opt.captures])
+        captured.append([bool(c.capture_a.asnumpy()) and bool(c.capture_g.asnumpy()) for c in [b.capture for b in opt.blocks]])
+        probed.append([bool(c.trace_a.asnumpy()) for c in [b.capture for b in opt.blocks]])
         step(*batch(i))
     assert captured == [[i in (0, 3, 5)] * 2 for i in range(7)]
     assert probed == [[i in (2, 4, 6)] * 2 for i in range(7)]

@@ -1,4 +1,4 @@
-"""The optimizer's contract: names, schedule, hyper-parameter forms, state, checkpoints, loss scale."""
+"""The engine, mostly through K-FAC: names, schedule, hyper-parameter forms, state, checkpoints, loss scale.
 import logging
 
 import numpy as np
@@ -67,18 +67,18 @@ def test_refresh_schedule_and_no_capture_on_quiet_steps():
     step = train_step(net, opt)
     x0, y0 = batch(0)
     step(x0, y0)                                   # step 0: capture + inverse
-    a_after_capture = opt.captures[0].a_batch.asnumpy().copy()
+    a_after_capture = opt.blocks[0].capture.a_batch.asnumpy().copy()
     x1, y1 = batch(1)
     step(x1, y1)                                   # step 1: no capture: buffers untouched
-    np.testing.assert_array_equal(opt.captures[0].a_batch.asnumpy(), a_after_capture)
+    np.testing.assert_array_equal(opt.blocks[0].capture.a_batch.asnumpy(), a_after_capture)
     for i in range(2, 7):
         step(*batch(i))
     counters = opt.state_counters()
     assert counters["step"] == 7
     assert counters["inverse_refreshes"] == 3                   # steps 0, 3, 6
-    assert int(opt.a_updates[0].asnumpy()) == 4                 # steps 0, 2, 4, 6
-    assert int(opt.g_updates[1].asnumpy()) == 4
-    assert not bool(opt.captures[0].capture_a.asnumpy())        # step 7 does not capture
+    assert int(opt.blocks[0].a_updates.asnumpy()) == 4                 # steps 0, 2, 4, 6
+    assert int(opt.blocks[1].g_updates.asnumpy()) == 4
+    assert not bool(opt.blocks[0].capture.capture_a.asnumpy())        # step 7 does not capture
 
 
 def test_learning_rate_and_damping_forms():
