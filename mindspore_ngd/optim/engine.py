@@ -234,19 +234,21 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
                 a, g, outcome = state[0][k][0], state[0][k][1], (zero,) * (6 if track else 4)
             folded += ((a, g),)
             outcomes += (outcome,)
-        # status over the statistics: taken (A, G), rejected (A, G)[, changes (A, G)], agreed by the ranks
-        status = self._status(outcomes, track)
-        shared = self.exchange.agree(ops.stack(status), token)
-        stats = 2 * self.num_layers
-        took = shared[:stats] > 0.5
-        layers, refreshed = (), ()
+        # what each statistic's fold did, made identical on every rank (distributed: the owners' outcome)
+        outcomes = self.exchange.agree(outcomes, token)
+        layers, refreshed, a_changes, g_changes = (), (), (), ()
+        faults = state[1]
         for k in range(self.num_layers):
-            counts = state[0][k]
-            layers += ((folded[k][0], folded[k][1], counts[2] + ops.cast(took[k], ms.int32),
-                        counts[3] + ops.cast(took[self.num_layers + k], ms.int32)),)
-            refreshed += (ops.logical_or(took[k], took[self.num_layers + k]),)
-        faults = state[1] + ops.cast(shared[stats:2 * stats].sum() + 0.5, ms.int32)
-        changes = shared[2 * stats:] if track else -ops.ones((1,), ms.float32)
+            counts, outcome = state[0][k], outcomes[k]
+            took_a, took_g = outcome[0] > 0.5, outcome[1] > 0.5
+            layers += ((folded[k][0], folded[k][1], counts[2] + ops.cast(took_a, ms.int32),
+                        counts[3] + ops.cast(took_g, ms.int32)),)
+            refreshed += (ops.logical_or(took_a, took_g),)
+            faults = faults + ops.cast(outcome[2] + outcome[3] + 0.5, ms.int32)
+            if track:
+                a_changes += (outcome[4],)
+                g_changes += (outcome[5],)
+        changes = ops.stack(a_changes + g_changes) if track else -ops.ones((1,), ms.float32)
         if not self.num_norms:
             return (layers, faults), refreshed, changes
         norms, norm_changes = (), ()
@@ -259,16 +261,6 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
         if track:
             changes = ops.concat((changes, ops.stack(norm_changes)))
         return (layers, faults, norms), refreshed, changes
-
-    @staticmethod
-    def _status(outcomes, track):
-        """Per-layer outcomes -> [A taken.., G taken.., A rejected.., G rejected..(, A, G changes..)]."""
-        status = ()
-        for field in range(3 if track else 2):
-            for part in range(2):
-                for outcome in outcomes:
-                    status += (outcome[2 * field + part],)
-        return status
 
     def _store_factors(self, state):
         for k in range(self.num_layers):

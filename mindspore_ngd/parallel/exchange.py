@@ -41,8 +41,8 @@ class LocalExchange(nn.Cell):
     def reduce_statistics(self, a_batches, g_batches, f_batches, token):
         return a_batches, g_batches, f_batches, token
 
-    def agree(self, status, token):
-        return status
+    def agree(self, outcomes, token):
+        return outcomes
 
     def gather(self, owned_matrices, token):
         return owned_matrices
@@ -114,10 +114,22 @@ class DistributedExchange(nn.Cell):
             g_out += (par.unpack_factor(chunk, k, 1) if self.owned[k] else g_batches[k],)
         return a_out, g_out, norms, chunk
 
-    def agree(self, status, token):
-        """Collective 2: the owners' per-statistic outcome; every statistic has ``grad_workers``
-        owners computing the same values."""
-        return self.ops.share(ops.depend(status, token)) / self.grad_workers
+    def agree(self, outcomes, token):
+        """Collective 2: the per-layer fold outcomes (taken A/G, rejected A/G[, changes A/G]) summed
+        over the ranks; every statistic has ``grad_workers`` owners computing the same values, and
+        the others contribute zeros. Returned in the same per-layer form."""
+        fields = len(outcomes[0])
+        flat = ()
+        for outcome in outcomes:
+            flat += outcome
+        shared = self.ops.share(ops.depend(ops.stack(flat), token)) / self.grad_workers
+        agreed = ()
+        for k in range(len(outcomes)):
+            values = ()
+            for i in range(fields):
+                values += (shared[k * fields + i],)
+            agreed += (values,)
+        return agreed
 
     def gather(self, owned_matrices, token):
         """Collective 3: every layer's preconditioned matrix from its owners (nothing to gather when
