@@ -50,12 +50,16 @@ class KroneckerBlock(nn.Cell):
         split_dim (Optional[int]): invert factors larger than this as blocks of this size.
         loss_scale (float): fixed loss scale (G is unscaled by its square).
         traces (bool): also probe the batch traces (THOR's trace rule).
+        damping_split, inverse_method, jitter: as :class:`mindspore_ngd.Policy`.
     """
 
     def __init__(self, spec, prefix, weight_index, bias_index, owned=True, split_dim=None, loss_scale=1.0,
-                 traces=False):
+                 traces=False, damping_split="pi", inverse_method="cholesky", jitter=1e-6):
         super().__init__(auto_prefix=False)
         self.spec = spec
+        self.damping_split = damping_split
+        self.inverse_method = inverse_method
+        self.jitter = jitter
         self.weight_index = weight_index
         self.bias_index = bias_index
         self.owned = owned
@@ -120,16 +124,16 @@ class KroneckerBlock(nn.Cell):
         """Both factors have been captured at least once."""
         return ops.logical_and(state[2] > 0, state[3] > 0)
 
-    def refreshed(self, state, ready, damping, policy, inverses):
+    def refreshed(self, state, ready, damping, inverses):
         """``(A inverse, G inverse, taken, fault)``: new damped inverses if ``ready`` and every check
         passes (factors plausibly PSD, results finite with a positive diagonal), else the old ones."""
         a_safe, a_valid = inv_ops.sanitize(state[0])
         g_safe, g_valid = inv_ops.sanitize(state[1])
-        a_shift, g_shift = inv_ops.split_damping(a_safe, g_safe, damping, policy.damping_split)
-        a_inv, a_ok = inv_ops.damped_inverse(to_blocks(a_safe, self.a_layout), a_shift, policy.inverse_method,
-                                             inv_ops.trace_jitter(a_safe, policy.jitter))
-        g_inv, g_ok = inv_ops.damped_inverse(to_blocks(g_safe, self.g_layout), g_shift, policy.inverse_method,
-                                             inv_ops.trace_jitter(g_safe, policy.jitter))
+        a_shift, g_shift = inv_ops.split_damping(a_safe, g_safe, damping, self.damping_split)
+        a_inv, a_ok = inv_ops.damped_inverse(to_blocks(a_safe, self.a_layout), a_shift, self.inverse_method,
+                                             inv_ops.trace_jitter(a_safe, self.jitter))
+        g_inv, g_ok = inv_ops.damped_inverse(to_blocks(g_safe, self.g_layout), g_shift, self.inverse_method,
+                                             inv_ops.trace_jitter(g_safe, self.jitter))
         ok = ops.logical_and(ops.logical_and(a_valid, g_valid), ops.logical_and(a_ok, g_ok))
         take = ops.logical_and(ok, ready)
         new_a = ops.select(ops.broadcast_to(take, a_inv.shape), a_inv, inverses[0])

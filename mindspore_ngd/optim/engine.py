@@ -129,7 +129,8 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
         traces = getattr(policy.refresh, "trace_threshold", None) is not None
         self.blocks = nn.CellList([
             KroneckerBlock(s, prefix, index[s.weight_name], index[s.bias_name] if s.has_bias else -1, mine,
-                           policy.split_dim, loss_scale, traces) for s, mine in zip(specs, owned)], auto_prefix=False)
+                           policy.split_dim, loss_scale, traces, policy.damping_split, policy.inverse_method,
+                           policy.jitter) for s, mine in zip(specs, owned)], auto_prefix=False)
         self.norm_blocks = nn.CellList([
             UnitBatchNormBlock(s, prefix, index[s.gamma_name], index[s.beta_name], loss_scale) for s in norm_specs],
             auto_prefix=False)
@@ -298,12 +299,10 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
                 if self.refresh_rule.per_layer:
                     take, fault = ops.zeros((), ms.bool_), ops.zeros((), ms.int32)
                     if ready:
-                        a_inv, g_inv, take, fault = block.refreshed(factors[0][k], ready, damping, self.policy,
-                                                                    (a_inv, g_inv))
+                        a_inv, g_inv, take, fault = block.refreshed(factors[0][k], ready, damping, (a_inv, g_inv))
                     inverted = ops.cast(ready, ms.int32)
                 else:
-                    a_inv, g_inv, take, fault = block.refreshed(factors[0][k], ready, damping, self.policy,
-                                                                (a_inv, g_inv))
+                    a_inv, g_inv, take, fault = block.refreshed(factors[0][k], ready, damping, (a_inv, g_inv))
                     inverted = ops.ones((), ms.int32)
                 has = ops.logical_or(has, take)
                 faults = faults + fault
