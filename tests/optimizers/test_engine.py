@@ -1,4 +1,4 @@
-"""The engine, mostly through K-FAC: names, schedule, hyper-parameter forms, state, checkpoints, loss scale.
+"""The engine, mostly through K-FAC: names, schedule, hyper-parameter forms, state, checkpoints, loss scale."""
 import logging
 
 import numpy as np
