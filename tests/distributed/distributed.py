@@ -213,6 +213,19 @@ def worker_rank():
     return int(os.environ.get("RANK_ID", "0"))
 
 
+def init_data_parallel():
+    """Worker side: CPU graph mode, ``mindspore.communication.init()`` and ``DATA_PARALLEL`` with
+    averaged gradients, as the distributed optimizers expect. Returns ``(rank, world size)``."""
+    import mindspore as ms
+    from mindspore.communication import init, get_rank, get_group_size
+    from mindspore.context import ParallelMode
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device("CPU")
+    init()
+    ms.set_auto_parallel_context(parallel_mode=ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    return get_rank(), get_group_size()
+
+
 def write_result(obj, rank=None):
     """Write ``obj`` (JSON-serialisable; NumPy arrays/scalars converted) for the driver to collect."""
     out_dir = os.environ.get(OUT_ENV)

@@ -2,19 +2,12 @@
 DATA_PARALLEL. usage: golden_worker.py CASE [CASE ...]; reports every case's weights after 20 steps."""
 import sys
 
-from distributed import run_worker, write_result
+from distributed import init_data_parallel, run_worker, write_result
 
 
 def main(names):
-    import mindspore as ms
-    from mindspore.communication import init, get_rank, get_group_size
-    from mindspore.context import ParallelMode
-    ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device("CPU")
-    init()
-    ms.set_auto_parallel_context(parallel_mode=ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    rank, world = init_data_parallel()
     import golden_cases as gc
-    rank, world = get_rank(), get_group_size()
     cases = {}
     for name in names:
         net, opt, step = gc.build(name)

@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from distributed import run_worker, write_result
+from distributed import init_data_parallel, run_worker, write_result
 
 
 def checkpoint_round_trip(name, opt, directory, rank):
@@ -40,15 +40,8 @@ def checkpoint_round_trip(name, opt, directory, rank):
 
 
 def main(argv):
-    import mindspore as ms
-    from mindspore.communication import init, get_rank, get_group_size
-    from mindspore.context import ParallelMode
-    ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_device("CPU")
-    init()
-    ms.set_auto_parallel_context(parallel_mode=ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    rank, world = init_data_parallel()
     import dist_cases
-    rank, world = get_rank(), get_group_size()
     directory = None
     if "--checkpoint" in argv:
         i = argv.index("--checkpoint")
