@@ -45,11 +45,12 @@ class CaptureControl(nn.Cell):
             raise RuntimeError(f"the capture is already driven by {self.driver}")
         self.driver = driver
 
-    def any(self):
-        """Whether any statistic is captured this step (one Stack + ReduceAny, not a chain of ORs)."""
+    def any(self, token=None):
+        """Whether any statistic is captured (one Stack + ReduceAny, not a chain of ORs); with
+        ``token``, the flags are read after it (e.g. the flags the rule set for the next step)."""
         flags = ()
         for flag in self.flags:
-            flags += (flag,)
+            flags += (flag if token is None else ops.depend(flag, token),)
         return ops.stack(flags).any()
 
     def layer_flags(self, k):
@@ -86,13 +87,6 @@ class CaptureControl(nn.Cell):
         for i in range(self.statistics):
             restored += (ops.assign(self.flags[i], values[i]),)
         return ops.stack(restored)
-
-    def any_after(self, token):
-        """Whether any statistic is due, read after ``token`` (the flags the rule set for next step)."""
-        due = ()
-        for flag in self.flags:
-            due += (ops.depend(flag, token),)
-        return ops.stack(due).any()
 
     def probing(self):
         """Whether this step probes the traces (THOR's trace rule; all probe flags are set together)."""

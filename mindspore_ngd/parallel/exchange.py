@@ -50,9 +50,6 @@ class LocalExchange(nn.Cell):
     def share_traces(self, vector):
         return vector
 
-    def count_inversions(self, counts):
-        return counts
-
 
 class DistributedExchange(nn.Cell):
     """The collectives of :class:`mindspore_ngd.parallel.comm.ParallelOps` in step order, and the

@@ -114,7 +114,7 @@ class _TrueStep(nn.Cell):
         grads = ops.depend(grads, self.control.restore(restore))
         loss = ops.depend(loss, self.optimizer(grads))
         cleared = ops.assign(self.saved, ops.depend(ops.zeros_like(restore), loss))
-        ops.assign(self.pending, self.control.any_after(cleared))
+        ops.assign(self.pending, self.control.any(cleared))
         return loss
 
 
