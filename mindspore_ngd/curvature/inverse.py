@@ -26,10 +26,14 @@ import mindspore as ms
 from mindspore import ops
 import mindspore.scipy.linalg as msla
 
-__all__ = ["INVERSE_METHODS", "DAMPING_SPLITS", "sanitize", "split_damping", "trace_jitter", "damped_inverse"]
+__all__ = ["INVERSE_METHODS", "DEVICE_INVERSE_METHODS", "DAMPING_SPLITS", "sanitize", "split_damping", "trace_jitter", "damped_inverse"]
 
 INVERSE_METHODS = ("cholesky", "lu", "eigh")
 DAMPING_SPLITS = ("pi", "sqrt")
+
+# per ``mindspore.get_context("device_target")``: the inversion path whose every operator MindSpore
+# documents for that device ("Supported Platforms" of the installed docstrings)
+DEVICE_INVERSE_METHODS = {"Ascend": "lu", "GPU": "lu", "CPU": "cholesky"}
 
 # relative slack of the Cauchy-Schwarz test |m_ij| <= sqrt(m_ii m_jj) for float32 rounding
 _CS_RELATIVE_SLACK = 1e-3
