@@ -125,7 +125,7 @@ class LayerCapture(nn.Cell):
     unique per optimizer prefix.
     """
 
-    def __init__(self, spec, prefix, loss_scale=1.0, traces=False):
+    def __init__(self, spec, prefix, loss_scale=1.0, traces=False, sums_gradient=False):
         super().__init__(auto_prefix=False)
         self.spec = spec
         base = f"{prefix}.{spec.name}"
@@ -152,6 +152,12 @@ class LayerCapture(nn.Cell):
             self.trace_g = Parameter(Tensor(False), name=f"{base}.trace_g", requires_grad=False)
             self.a_trace = Parameter(Tensor(np.float32(0)), name=f"{base}.a_trace", requires_grad=False)
             self.g_trace = Parameter(Tensor(np.float32(0)), name=f"{base}.g_trace", requires_grad=False)
+        # loss-scale probe (one layer with a bias per optimizer, :class:`LossScaleProbe`): the batch sum
+        # of the output gradient, i.e. the bias gradient as the backward pass saw it (scaled), every step
+        self.sums_gradient = bool(sums_gradient)
+        if self.sums_gradient:
+            self.grad_sum = Parameter(Tensor(np.zeros((spec.g_dim,), np.float32)), name=f"{base}.grad_sum",
+                                      requires_grad=False)
 
     def input_trace(self, x):
         if self.is_conv:
@@ -185,6 +191,8 @@ class LayerCapture(nn.Cell):
             if self.trace_g:
                 ops.assign(self.g_trace, factors.output_trace(dy, self.g_scale, self.is_conv))
             dy = ops.depend(dy, self.g_trace)
+        if self.sums_gradient:
+            dy = ops.depend(dy, ops.assign(self.grad_sum, factors.output_sum(dy, self.is_conv)))
         # the gradient flowing on waits for the buffer write: without this the optimizer could read
         # the first layer's G (the last hook of the backward pass) before it is written (measured)
         return ops.depend(dy, self.g_batch)

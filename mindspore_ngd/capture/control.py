@@ -23,10 +23,13 @@ class CaptureControl(nn.Cell):
     Args:
         layer_captures: the ``LayerCapture`` cells of the preconditioned layers, in layer order.
         norm_captures: the ``NormCapture`` cells of the unit-wise BatchNorm layers.
+        scale_probe (LossScaleProbe): measures the loss scale of each step; None when no layer can
+            (no bias) or the capture is driven by a Monte-Carlo step with its own scale.
     """
 
-    def __init__(self, layer_captures, norm_captures):
+    def __init__(self, layer_captures, norm_captures, scale_probe=None):
         super().__init__(auto_prefix=False)
+        self.scale_probe = scale_probe
         layer_captures, norm_captures = list(layer_captures), list(norm_captures)
         self.flags = ParameterTuple([c.capture_a for c in layer_captures] + [c.capture_g for c in layer_captures]
                                     + [c.capture_f for c in norm_captures])
@@ -52,6 +55,12 @@ class CaptureControl(nn.Cell):
         for flag in self.flags:
             flags += (flag if token is None else ops.depend(flag, token),)
         return ops.stack(flags).any()
+
+    def g_correction(self):
+        """Factor that unscales a batch trace of G captured between folds (the last measured scale)."""
+        if self.scale_probe is None:
+            return 1.0
+        return self.scale_probe.last_correction()
 
     def layer_flags(self, k):
         """(capture A?, capture G?) of layer ``k`` this step."""

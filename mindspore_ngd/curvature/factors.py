@@ -17,7 +17,7 @@ All statistics are float32 whatever the network's dtype.
 import mindspore as ms
 from mindspore import ops
 
-__all__ = ["dense_input_factor", "dense_output_factor", "conv_input_factor", "conv_output_factor",
+__all__ = ["output_sum", "dense_input_factor", "dense_output_factor", "conv_input_factor", "conv_output_factor",
            "conv_patches", "same_padding", "dense_input_trace", "conv_input_trace", "output_trace",
            "unit_probe", "normalized_input", "unit_fisher", "unit_natural_gradient"]
 
@@ -57,6 +57,13 @@ def dense_input_trace(x, has_bias):
     x = ops.cast(x, ms.float32)
     trace = (x * x).sum() / x.shape[0]
     return trace + 1.0 if has_bias else trace
+
+
+def output_sum(dy, conv):
+    """Sum of the output gradient over the batch (and positions): the bias gradient the backward pass
+    computes, at the loss scale of the step (:class:`mindspore_ngd.capture.LossScaleProbe`)."""
+    dy = ops.cast(dy, ms.float32)
+    return dy.sum(axis=(0, 2, 3)) if conv else dy.sum(axis=0)
 
 
 def output_trace(dy, g_scale, conv):

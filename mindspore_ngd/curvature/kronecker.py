@@ -51,10 +51,12 @@ class KroneckerBlock(nn.Cell):
         loss_scale (float): fixed loss scale (G is unscaled by its square).
         traces (bool): also probe the batch traces (THOR's trace rule).
         damping_split, inverse_method, jitter: as :class:`mindspore_ngd.Policy`.
+        sums_gradient (bool): the capture also records the output-gradient sum that
+            :class:`mindspore_ngd.capture.LossScaleProbe` reads.
     """
 
     def __init__(self, spec, prefix, weight_index, bias_index, owned=True, split_dim=None, loss_scale=1.0,
-                 traces=False, damping_split="pi", inverse_method="cholesky", jitter=1e-6):
+                 traces=False, damping_split="pi", inverse_method="cholesky", jitter=1e-6, sums_gradient=False):
         super().__init__(auto_prefix=False)
         self.spec = spec
         self.damping_split = damping_split
@@ -73,7 +75,7 @@ class KroneckerBlock(nn.Cell):
         self.a_updates = Parameter(Tensor(0, ms.int32), name=f"{base}.A_updates", requires_grad=False)
         self.g_updates = Parameter(Tensor(0, ms.int32), name=f"{base}.G_updates", requires_grad=False)
         self.has_inverse = Parameter(Tensor(False), name=f"{base}.has_inverse", requires_grad=False)
-        self.capture = LayerCapture(spec, prefix, loss_scale, traces)
+        self.capture = LayerCapture(spec, prefix, loss_scale, traces, sums_gradient)
 
     # ------------------------------------------------------------------ factors
     def factors(self):

@@ -33,6 +33,7 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
 from ..capture import CaptureControl, attach
+from ..capture.loss_scale import LossScaleProbe, reference_layer
 from ..curvature.kronecker import KroneckerBlock
 from ..curvature.unitwise import UnitBatchNormBlock
 from ..parallel import comm as parallel_comm
@@ -127,18 +128,26 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
 
         # one block per preconditioned layer; the capture control, the exchange and the refresh rule
         traces = getattr(policy.refresh, "trace_threshold", None) is not None
+        # the loss scale of each step is measured at one layer with a bias (capture/loss_scale.py); the
+        # Monte-Carlo step captures G in its own backward pass at its own fixed scale
+        reference = reference_layer(specs) if policy.fisher == "empirical" else None
         self.blocks = nn.CellList([
             KroneckerBlock(s, prefix, index[s.weight_name], index[s.bias_name] if s.has_bias else -1, mine,
                            policy.split_dim, loss_scale, traces, policy.damping_split, policy.inverse_method,
-                           policy.jitter) for s, mine in zip(specs, owned)], auto_prefix=False)
+                           policy.jitter, k == reference) for k, (s, mine) in enumerate(zip(specs, owned))],
+            auto_prefix=False)
         self.norm_blocks = nn.CellList([
             UnitBatchNormBlock(s, prefix, index[s.gamma_name], index[s.beta_name], loss_scale) for s in norm_specs],
             auto_prefix=False)
-        self.capture_control = CaptureControl([b.capture for b in self.blocks], [b.capture for b in self.norm_blocks])
+        probe = None if reference is None else LossScaleProbe(self.blocks[reference].capture,
+                                                               self.blocks[reference].bias_index, loss_scale, prefix)
+        self.capture_control = CaptureControl([b.capture for b in self.blocks], [b.capture for b in self.norm_blocks],
+                                              probe)
         self.communicator = comm
         self.parallel_plan = None if comm is None else comm.plan
         self.exchange = LocalExchange() if comm is None else \
-            DistributedExchange(comm, prefix, [s.channels for s in norm_specs])
+            DistributedExchange(comm, prefix, [s.channels for s in norm_specs],
+                                0 if probe is None else specs[reference].g_dim)
         self.refresh_rule = policy.refresh.build(prefix, self.capture_control, self.blocks, self.exchange)
         self.factor_faults = Parameter(Tensor(0, ms.int32), name=f"{prefix}.factor_faults", requires_grad=False)
         self.inverse_faults = Parameter(Tensor(0, ms.int32), name=f"{prefix}.inverse_faults", requires_grad=False)
@@ -164,9 +173,17 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
         # fold the statistics captured in this step's forward/backward pass (one run-time branch)
         factors = self._stored_factors()
         refreshed, changes = self._nothing_refreshed(), -ops.ones((self._change_size(),), ms.float32)
+        probe = self.capture_control.scale_probe
+        scale = ops.zeros((), ms.float32) if probe is None else probe.scale_seen
+        if probe is not None and not self.exchange.distributed:
+            # every step, so that THOR's trace probes between folds see the current scale too
+            measured, valid = probe.measure(probe.probe(finite), gradients)
+            scale = ops.select(ops.logical_and(finite, valid), measured, scale)
         if self.capture_control.any():
-            factors, refreshed, changes = self._folded(factors, finite)
+            factors, refreshed, changes, scale = self._folded(factors, finite, gradients, scale)
         self._store_factors(factors)
+        if probe is not None:
+            ops.assign(probe.scale_seen, scale)
 
         # refresh the inverses the rule says are due
         damping = self.damping(self.global_step)          # read in the main graph
@@ -211,8 +228,15 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
             norms += (block.factors(),)
         return (layers, self.factor_faults, norms) if self.num_norms else (layers, self.factor_faults)
 
-    def _folded(self, state, token):
-        """(new factor state, per-layer flag 'A or G of this layer was taken', relative changes)."""
+    def _folded(self, state, finite, gradients, scale):
+        """(new factor state, per-layer flag 'A or G of this layer was taken', relative changes, loss
+        scale seen).
+
+        A step with a non-finite gradient (a loss-scale overflow, or divergence) folds nothing and is
+        no fault of the curvature: it is counted once, as a skipped step. G and the unit-wise Fishers
+        are unscaled by the loss scale measured in this step (:mod:`mindspore_ngd.capture.loss_scale`),
+        or the last one measured when this step's cannot be."""
+        token = finite
         a_batches, g_batches, f_batches = (), (), ()
         for block in self.blocks:
             a_batch, g_batch = block.batch(token)
@@ -220,17 +244,31 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
             g_batches += (g_batch,)
         for block in self.norm_blocks:
             f_batches += (block.batch(token),)
-        a_batches, g_batches, f_batches, token = self.exchange.reduce_statistics(a_batches, g_batches, f_batches,
-                                                                                 token)
+        probe = self.capture_control.scale_probe
+        distributed = self.exchange.distributed
+        extra = probe.probe(token) if probe is not None and distributed else None
+        a_batches, g_batches, f_batches, token, extra = self.exchange.reduce_statistics(
+            a_batches, g_batches, f_batches, token, extra)
+        if probe is not None:
+            if distributed:          # the ranks' mean probe against the ranks' mean gradient
+                measured, valid = probe.measure(extra, gradients)
+                scale = ops.select(ops.logical_and(finite, valid), measured, scale)
+            correction = probe.correction(scale)
+            unscaled, unscaled_f = (), ()
+            for g_batch in g_batches:
+                unscaled += (g_batch * correction,)
+            for f_batch in f_batches:
+                unscaled_f += (f_batch * correction,)
+            g_batches, f_batches = unscaled, unscaled_f
         track = self.policy.refresh.track_changes
         zero = ops.zeros((), ms.float32)
         folded, outcomes = (), ()
         for k in range(self.num_layers):
             block = self.blocks[k]
             if block.owned:
-                take_a, take_g = self.capture_control.layer_flags(k)
-                a, g, outcome = block.fold(state[0][k], a_batches[k], g_batches[k], take_a, take_g,
-                                           self.factor_decay, track)
+                flag_a, flag_g = self.capture_control.layer_flags(k)
+                a, g, outcome = block.fold(state[0][k], a_batches[k], g_batches[k], ops.logical_and(flag_a, finite),
+                                           ops.logical_and(flag_g, finite), self.factor_decay, track)
             else:
                 a, g, outcome = state[0][k][0], state[0][k][1], (zero,) * (6 if track else 4)
             folded += ((a, g),)
@@ -251,17 +289,18 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
                 g_changes += (outcome[5],)
         changes = ops.stack(a_changes + g_changes) if track else -ops.ones((1,), ms.float32)
         if not self.num_norms:
-            return (layers, faults), refreshed, changes
+            return (layers, faults), refreshed, changes, scale
         norms, norm_changes = (), ()
         for j in range(self.num_norms):
             folded_norm, rejected, change = self.norm_blocks[j].fold(
-                state[2][j], f_batches[j], self.capture_control.norm_flag(j), self.factor_decay, track)
+                state[2][j], f_batches[j], ops.logical_and(self.capture_control.norm_flag(j), finite),
+                self.factor_decay, track)
             norms += (folded_norm,)
             norm_changes += (change,)
             faults = faults + rejected
         if track:
             changes = ops.concat((changes, ops.stack(norm_changes)))
-        return (layers, faults, norms), refreshed, changes
+        return (layers, faults, norms), refreshed, changes, scale
 
     def _store_factors(self, state):
         for k in range(self.num_layers):

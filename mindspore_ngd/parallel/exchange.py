@@ -38,8 +38,8 @@ class LocalExchange(nn.Cell):
     def __init__(self):
         super().__init__(auto_prefix=False)
 
-    def reduce_statistics(self, a_batches, g_batches, f_batches, token):
-        return a_batches, g_batches, f_batches, token
+    def reduce_statistics(self, a_batches, g_batches, f_batches, token, extra=None):
+        return a_batches, g_batches, f_batches, token, extra
 
     def agree(self, outcomes, token):
         return outcomes
@@ -61,15 +61,18 @@ class DistributedExchange(nn.Cell):
         prefix (str): the optimizer's Parameter prefix.
         norm_channels (tuple[int]): channels of every unit-wise BatchNorm layer (their Fishers are
             summed whole and folded by every rank).
+        extra_size (int): length of one more small vector every rank needs averaged with the
+            statistics (the loss-scale probe, :mod:`mindspore_ngd.capture.loss_scale`); 0 for none.
     """
     distributed = True
 
-    def __init__(self, comm, prefix, norm_channels):
+    def __init__(self, comm, prefix, norm_channels, extra_size=0):
         super().__init__(auto_prefix=False)
         plan = comm.plan
         self.owned = comm.owned
         self.norm_channels = tuple(norm_channels)
-        self.ops = comm.ops(replicated=sum(3 * c for c in self.norm_channels))
+        self.extra_size = int(extra_size)
+        self.ops = comm.ops(replicated=sum(3 * c for c in self.norm_channels) + self.extra_size)
         self.world_size = comm.world_size
         self.grad_workers = plan.grad_workers
         self.gathers = comm.gather_collective is not None
@@ -85,23 +88,28 @@ class DistributedExchange(nn.Cell):
         # how many times this rank computed each layer's inverses (0 for the layers it does not own)
         self.inversions = record(np.zeros(len(self.owned)), "inversions")
 
-    def reduce_statistics(self, a_batches, g_batches, f_batches, token):
-        """Collective 1: (A batches, G batches, F batches, token for 2), each the mean over all ranks
-        for the layers this rank owns (the others keep the local buffers, which nobody folds)."""
+    def reduce_statistics(self, a_batches, g_batches, f_batches, token, extra=None):
+        """Collective 1: (A batches, G batches, F batches, token for 2, extra), each the mean over all
+        ranks for the layers this rank owns (the others keep the local buffers, which nobody folds);
+        ``extra`` (a vector of ``extra_size``, or None) rides along with the Fishers."""
         par = self.ops
         flat = par.pack_factors(a_batches, g_batches)
         scale = 1.0 / self.world_size
         norms = ()
-        if self.norm_channels:
+        if self.norm_channels or self.extra_size:
             pieces = ()
             for f_batch in f_batches:
                 pieces += (f_batch.reshape(-1),)
+            if self.extra_size:
+                pieces += (extra.reshape(-1),)
             chunk, replicated = par.reduce_factors(flat, ops.concat(pieces))
             replicated = replicated * scale
             start = 0
             for channels in self.norm_channels:
                 norms += (replicated[start:start + 3 * channels].reshape(channels, 3),)
                 start += 3 * channels
+            if self.extra_size:
+                extra = replicated[start:start + self.extra_size]
         else:
             chunk = par.reduce_factors(flat, None)
         chunk = chunk * scale
@@ -109,7 +117,7 @@ class DistributedExchange(nn.Cell):
         for k in range(len(self.owned)):
             a_out += (par.unpack_factor(chunk, k, 0) if self.owned[k] else a_batches[k],)
             g_out += (par.unpack_factor(chunk, k, 1) if self.owned[k] else g_batches[k],)
-        return a_out, g_out, norms, chunk
+        return a_out, g_out, norms, chunk, extra
 
     def agree(self, outcomes, token):
         """Collective 2: the per-layer fold outcomes (taken A/G, rejected A/G[, changes A/G]) summed

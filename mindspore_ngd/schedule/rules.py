@@ -313,7 +313,8 @@ class _GrowingCell(_RuleCell):
         for which in range(2):
             for k in range(layers):
                 block = self.blocks[k]
-                batch += (ops.depend(block.batch_trace(which), token),)
+                trace = ops.depend(block.batch_trace(which), token)
+                batch += (trace * self.control.g_correction() if which else trace,)
                 stored += (ops.trace(block.factor(which)) if block.owned else zero,)
                 updates += (block.updates(which),)
         total = self.exchange.share_traces(ops.stack(batch + stored))

@@ -1,0 +1,91 @@
+"""The loss scale a training cell actually used in a step, measured from the backward pass.
+
+With mixed precision, MindSpore's ``TrainOneStepWithLossScaleCell`` (what ``Model(...,
+amp_level="O2")`` builds with the default ``DynamicLossScaleManager`` on Ascend and GPU) back-propagates
+with ``sens = scale`` and divides the gradients by ``scale`` before calling the optimizer; the scale
+changes during training (down on an overflow, up after a run of good steps) and lives in the train
+cell, which the optimizer never sees. The capture hooks, however, see the *scaled* output gradients,
+so G (quadratic in them) is ``scale**2`` too large unless it is divided by the scale of that step.
+
+:class:`LossScaleProbe` recovers that scale without knowing the train cell: one preconditioned layer
+with a bias also records, every step, the batch sum of its output gradient -- the bias gradient as
+the backward pass computed it, ``scale * b`` -- and the optimizer receives the unscaled bias gradient
+``b / loss_scale`` (``loss_scale``: the optimizer's own fixed argument, for cells that do not unscale).
+Their least-squares ratio ``<p, b> / <b, b>`` is the scale; it is snapped to ``loss_scale`` times the
+nearest power of two when within 1e-3 of it (every MindSpore loss-scale manager uses powers of two,
+and with no scaling the correction is then exactly 1, bit for bit). Distributed, the probe is averaged
+over the ranks like the statistics (the optimizer's gradients are the ranks' mean).
+"""
+import numpy as np
+
+import mindspore as ms
+from mindspore import nn, ops, Parameter, Tensor
+
+__all__ = ["LossScaleProbe", "reference_layer"]
+
+_SNAP_TOLERANCE = 1e-3
+_PARALLEL_TOLERANCE = 1e-2
+
+
+def reference_layer(specs):
+    """Index of the layer the probe reads, or None when no preconditioned layer has a bias.
+
+    Dense layers first (a convolution's bias is often followed by BatchNorm, which makes its gradient
+    vanish up to rounding), then the fewest outputs (the cheapest sum; usually the classifier)."""
+    biased = [(s.kind != "dense", s.g_dim, k) for k, s in enumerate(specs) if s.has_bias]
+    return min(biased)[2] if biased else None
+
+
+class LossScaleProbe(nn.Cell):
+    """Measures the loss scale of each step (see the module docstring).
+
+    Args:
+        capture (LayerCapture): the reference layer's capture, built with ``sums_gradient=True``.
+        bias_index (int): position of that layer's bias among the optimizer's gradients.
+        loss_scale (float): the optimizer's fixed ``loss_scale`` argument.
+        prefix (str): the optimizer's Parameter prefix.
+    """
+
+    def __init__(self, capture, bias_index, loss_scale, prefix):
+        super().__init__(auto_prefix=False)
+        self.capture = capture
+        self.bias_index = bias_index
+        self.loss_scale = float(loss_scale)
+        self.scale_seen = Parameter(Tensor(np.float32(loss_scale)), name=f"{prefix}.loss_scale_seen",
+                                    requires_grad=False)
+
+    def probe(self, token):
+        """The recorded scaled bias gradient, read after ``token`` (written by a late hook)."""
+        return ops.depend(self.capture.grad_sum, token)
+
+    def measure(self, probe, gradients):
+        """``(scale, valid)``: the scale of this step. ``valid`` is False when the bias gradient is zero,
+        the two vectors are not parallel to 1e-2 (a gradient that is rounding noise, e.g. a bias
+        followed by BatchNorm) or the ratio is not a positive finite number; the caller then keeps the
+        last measured scale."""
+        bias = ops.cast(gradients[self.bias_index], ms.float32).reshape(-1)
+        power = (bias * bias).sum()
+        cross = (probe * bias).sum()
+        usable = ops.logical_and(power > 0, ops.isfinite(power))
+        scale = cross / ops.select(usable, power, ops.ones_like(power))
+        residual = probe - scale * bias
+        parallel = (residual * residual).sum() <= _PARALLEL_TOLERANCE ** 2 * (probe * probe).sum()
+        usable = ops.logical_and(usable, parallel)
+        ratio = scale / self.loss_scale
+        positive = ratio > 0
+        exponent = ops.round(ops.log(ops.select(positive, ratio, ops.ones_like(ratio))) / float(np.log(2.0)))
+        nearest = ops.pow(2.0, exponent)
+        snapped = ops.abs(ratio / nearest - 1.0) < _SNAP_TOLERANCE
+        scale = ops.select(snapped, nearest * self.loss_scale, scale)
+        valid = ops.logical_and(ops.logical_and(usable, positive), ops.isfinite(scale))
+        return scale, valid
+
+    def correction(self, scale):
+        """Factor that takes a statistic quadratic in the output gradient, captured at ``scale`` and
+        divided by ``loss_scale**2``, to the unscaled value."""
+        ratio = self.loss_scale / scale
+        return ratio * ratio
+
+    def last_correction(self):
+        """The correction of the last folded step (THOR's trace probes, between captures)."""
+        return self.correction(self.scale_seen)
