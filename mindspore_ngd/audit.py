@@ -25,7 +25,7 @@ inserts (:data:`COMPILER_INSERTED`), internal primitives that documented public 
 primitives ``XGrad`` (read as the documentation of the forward ``X``: MindSpore documents platforms
 for forward operators only). The platform lists themselves are never typed here.
 
-Limits (see docs/devices.md): the graph is built on the machine at hand. Without an accelerator,
+Limits (docs/testing.md, "The op audit"): the graph is built on the machine at hand. Without an accelerator,
 MindSpore cannot set ``device_target`` to Ascend or GPU, so the front-end graph is the CPU build's;
 back-end passes (operator fusion, kernel selection) of the real device are not covered. The
 documentation is MindSpore's claim, not a run on hardware.
