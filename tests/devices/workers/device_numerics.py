@@ -5,14 +5,24 @@
 * ``inverses``: damped inverses of random SPD matrices (sizes 8, 64, 256; damping 1e-3 and 1e-1)
   through the device's inversion path (``DEVICE_INVERSE_METHODS[device]``), with the inputs, for a
   float64 NumPy comparison by the test;
-* ``steps``: the weights of the audit network (conv + BatchNorm + dense) after 3 K-FAC steps with
-  the device's inversion path on fixed batches of 8, for comparison with the same run on CPU.
+* ``weights``: the weights of the audit network (conv + BatchNorm + dense) and of a plain conv +
+  dense network after 3 K-FAC steps with the inversion path on fixed batches of 8, for comparison
+  with the same run on CPU (and, for the plain network, with 2 ranks under msrun).
 
 With ``--device CPU`` this is the reference run (and a self-check of the harness anywhere)."""
 import argparse
 import json
 
 import numpy as np
+
+
+def plain_net():
+    """conv -> ReLU -> flatten -> Dense (tests/nets.py), no BatchNorm: BatchNorm's batch statistics
+    are per rank, so only a network without it trains identically on 2 ranks and on 1."""
+    from nets import ConvNet, set_weights
+    net = ConvNet(2, 4, (3, 3), (1, 1), "same", 0, (1, 1), True, 4 * 5 * 5, classes=3)
+    set_weights(net, np.random.default_rng(0), scale=0.3)     # the same weights in every process
+    return net
 
 
 def spd(rng, n):
@@ -44,13 +54,15 @@ def main():
             inverses.append({"n": n, "damping": damping, "matrix": m.tolist(), "inverse": inv.asnumpy().tolist(),
                              "ok": bool(ok.asnumpy())})
 
-    step = audit.build_train_step("kfac", method)
-    data = np.random.default_rng(1)
-    for _ in range(3):
-        x = Tensor(data.standard_normal((8, 2, 5, 5)).astype(np.float32))
-        y = Tensor(np.asarray(data.integers(0, 3, 8), dtype=np.int32))
-        step(x, y)
-    weights = {p.name: p.asnumpy().copy().tolist() for p in step.network.trainable_params()}
+    weights = {}
+    for label, network in (("audit_net", None), ("plain_net", plain_net())):
+        step = audit.build_train_step("kfac", method, network)
+        data = np.random.default_rng(1)
+        for _ in range(3):
+            x = Tensor(data.standard_normal((8, 2, 5, 5)).astype(np.float32))
+            y = Tensor(np.asarray(data.integers(0, 3, 8), dtype=np.int32))
+            step(x, y)
+        weights[label] = {p.name: p.asnumpy().copy().tolist() for p in step.network.trainable_params()}
     with open(args.out, "w", encoding="utf-8") as handle:
         json.dump({"device": ms.get_context("device_target"), "method": method, "inverses": inverses,
                    "weights": weights}, handle)

@@ -1,4 +1,4 @@
-"""msrun worker for the device checks: 3 distributed K-FAC steps of the audit network on the
+"""msrun worker for the device checks: 3 distributed K-FAC steps of a conv + dense network on the
 device named by ``NGD_TEST_DEVICE`` (HCCL on Ascend, NCCL on GPU, MCCL on CPU), each rank on its
 half of the same fixed batches of 8 that device_numerics.py trains on in one process. Writes the
 weights and the collectives the exchange chose."""
@@ -22,7 +22,10 @@ def main():
     rank, world = get_rank(), get_group_size()
     from mindspore_ngd import audit
     from mindspore_ngd.curvature.inverse import DEVICE_INVERSE_METHODS
-    step = audit.build_train_step("kfac", DEVICE_INVERSE_METHODS[device])
+    from nets import ConvNet, set_weights      # device_numerics.plain_net: no BatchNorm (per-rank statistics)
+    net = ConvNet(2, 4, (3, 3), (1, 1), "same", 0, (1, 1), True, 4 * 5 * 5, classes=3)
+    set_weights(net, np.random.default_rng(0), scale=0.3)
+    step = audit.build_train_step("kfac", DEVICE_INVERSE_METHODS[device], net)
     data = np.random.default_rng(1)
     share = 8 // world
     for _ in range(3):
