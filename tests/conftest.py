@@ -46,3 +46,5 @@ def pynative():
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running tests, excluded by default (run with -m slow)")
     config.addinivalue_line("markers", "distributed: tests that launch msrun")
+    config.addinivalue_line("markers", "device: checks for a real GPU/Ascend (NGD_TEST_DEVICE), excluded by default "
+                                       "(run with -m device)")

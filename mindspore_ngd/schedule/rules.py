@@ -47,7 +47,12 @@ def _maximum(a, b):
 
 
 def interval_due(step, interval):
-    """Fixed interval: a statistic (or inverse) is due at steps 0, ``interval``, ``2 interval``, ..."""
+    """Fixed interval: a statistic (or inverse) is due at steps 0, ``interval``, ``2 interval``, ...
+
+    On a tensor step ``ops.floor_mod``: the ``%`` operator compiles to ``RemainderTensorScalar``,
+    documented for Ascend only (the op audit, :mod:`mindspore_ngd.audit`)."""
+    if isinstance(step, Tensor):
+        return ops.floor_mod(step, interval) == 0
     return (step % interval) == 0
 
 

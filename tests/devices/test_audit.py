@@ -1,0 +1,171 @@
+"""The op audit (mindspore_ngd.audit): every operator the optimizers add to a training graph is
+documented by the installed MindSpore for the device whose kernel choice built the graph.
+
+Each distinct graph is compiled once per session (the audit module caches them): the plain
+momentum baseline, K-FAC / SP-NGD / THOR with each accelerator's inversion path, and K-FAC with
+Cholesky (the deliberately Ascend-undocumented path). About 40 s on 2 CPU cores."""
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import Tensor
+
+from mindspore_ngd import audit
+from mindspore_ngd.curvature.inverse import DEVICE_INVERSE_METHODS
+
+ACCELERATORS = ("Ascend", "GPU")
+
+
+# ------------------------------------------------------------------ the docstring parser
+DOC_ALL = """
+    Computes something.
+
+    Supported Platforms:
+        ``Ascend`` ``GPU`` ``CPU``
+
+    Examples:
+        >>> pass
+"""
+DOC_TWO = "Solve.\n\n    Supported Platforms:\n        ``CPU`` ``Ascend``"          # section last, any order
+DOC_DEPRECATED = "Old.\n\n    Supported Platforms:\n        Deprecated\n\n    Examples:\n"
+DOC_REFER = """
+    .. code-block::
+
+        prim = ops.Abs()
+
+    Refer to :func:`mindspore.ops.abs` for more details.
+"""
+
+
+def test_supported_platforms_parser():
+    assert audit.supported_platforms(DOC_ALL) == ("Ascend", "GPU", "CPU")
+    assert audit.supported_platforms(DOC_TWO) == ("Ascend", "CPU")
+    assert audit.supported_platforms(DOC_DEPRECATED) == ()
+    assert audit.supported_platforms(DOC_REFER) is None
+    assert audit.supported_platforms(None) is None
+    # the Examples after the section are not read as platforms
+    assert audit.supported_platforms(DOC_ALL + "\n ``GPU`` only here\n") == ("Ascend", "GPU", "CPU")
+
+
+def test_doc_reference_parser():
+    assert audit.doc_reference(DOC_REFER) == "mindspore.ops.abs"
+    assert audit.doc_reference("Alias for :func:`mindspore.ops.cat()`.") == "mindspore.ops.cat"
+    assert audit.doc_reference("For details, please refer to :func:`mindspore.ops.mul`.") == "mindspore.ops.mul"
+    assert audit.doc_reference(DOC_ALL) is None
+
+
+def test_documentation_reads_the_installed_docstrings():
+    """Known facts of MindSpore 2.10's documentation, as the issue states them."""
+    assert audit.documentation("Cholesky").platforms == ("GPU", "CPU")
+    assert audit.documentation("PrimFunc_SolveTriangular").platforms == ("Ascend", "CPU")
+    assert audit.documentation("MatrixInverse").platforms == ("Ascend", "GPU", "CPU")
+    abs_doc = audit.documentation("PrimFunc_Abs")           # through "Refer to :func:`mindspore.ops.abs`"
+    assert abs_doc.kind == "operator" and "mindspore.ops.abs" in abs_doc.source
+    grad = audit.documentation("PrimFunc_RsqrtGrad")
+    assert grad.kind == "backward-of" and grad.platforms == audit.documentation("PrimFunc_Rsqrt").platforms
+    assert audit.documentation("UpdateState").kind == "graph"
+
+
+def test_unmapped_primitive_fails_naming_it():
+    report = audit.audit_primitives({"NoSuchPrimitiveXyz": ["net.py:3"], "MakeTuple": []}, "Ascend", "toy")
+    assert report.unmapped == ("NoSuchPrimitiveXyz",) and not report.ok
+    assert "NoSuchPrimitiveXyz" in report.failure_message() and "net.py:3" in report.failure_message()
+    with pytest.raises(ValueError, match="device"):
+        audit.audit_primitives({}, "TPU")
+
+
+# ------------------------------------------------------------------ the IR extractor
+IR = """# IR entry: @main
+subgraph @main(%para1_x) {
+  %0(CNode_1) = Load(%para2_w, UMonad[U])
+      : (<Ref[Tensor[Float32]], (2, 3)>) -> (<Tensor[Float32], (2, 3)>)
+      # In file /site/mindspore/nn/cell.py:10, 4~9/    x = 1/
+      # In file /repo/mindspore_ngd/optim/engine.py:167, 8~20/        w = self.w/
+  %1(▲CNode_2) = PrimFunc_MatMul(%para1_x, %0, Bool(0), Bool(1)) {instance name: matmul}
+      # In file /repo/mindspore_ngd/optim/engine.py:170, 8~20/        y = x @ w/
+  %2(CNode_3) = Partial(@7_✓branch_4, %1) primitive_attrs: {side_effect_propagate: I64(1)}
+  %3(CNode_5) = Switch(%9, %2, %2)
+  %4(CNode_6) = %3[@FuncUnion(Partial(@7_✓branch_4), Partial(@8_✗branch_5))]()
+  %5(▲partial_trans_CNode_7) = call @9_capture_6(%para1_x, %4)
+  %6(CNode_8) = Parameter_2789[@FuncUnion(@a, @b)](%para3_p)
+  %7(CNode_9) = raise(StringImm(RuntimeError), %8)
+  %8(CNode_10) = PrimFunc_MatMul(%1, %0, Bool(0), Bool(0))
+  Return(%8)
+}
+"""
+
+
+def test_read_ir_primitives_on_a_small_dump():
+    prims = audit.read_ir_primitives(IR)
+    assert set(prims) == {"Load", "PrimFunc_MatMul", "Partial", "Switch", "raise"}
+    assert prims["PrimFunc_MatMul"] == ["/repo/mindspore_ngd/optim/engine.py:170", "?"]
+    assert prims["Load"] == ["/repo/mindspore_ngd/optim/engine.py:167"]     # the innermost frame
+    with pytest.raises(ValueError, match="unrecognised IR node"):
+        audit.read_ir_primitives("  %0(x) = 42(%1)\n")
+
+
+def _mul_add(x, i, m):
+    return ms.ops.matmul(x, m) + 1.0
+
+
+def test_compiled_primitives_of_a_small_function():
+    x = Tensor(np.ones((2, 3), np.float32))
+    m = Tensor(np.ones((3, 3), np.float32))
+    prims = audit.compiled_primitives(_mul_add, x, Tensor(np.arange(3, dtype=np.int32)), m)
+    assert {"PrimFunc_MatMulExt", "PrimFunc_Add"} <= set(prims)
+    assert any("test_audit.py" in s for s in prims["PrimFunc_MatMulExt"])
+    assert ms.get_context("save_graphs") in (0, False)                        # restored
+
+
+@pytest.mark.parametrize("name", sorted(audit.EMITTED_BY))
+def test_emitted_by_links_are_real(name):
+    """Each documented API that EMITTED_BY names for an internal primitive does compile to it."""
+    x = Tensor(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3))
+    i = Tensor(np.arange(6, dtype=np.int32))
+    m = Tensor(np.eye(3, dtype=np.float32))
+    for api, example in audit.EMITTED_BY[name]:
+        prims = audit.compiled_primitives(example, x, i, m)
+        assert name in prims or "PrimFunc_" + name in prims, (api, sorted(prims))
+
+
+# ------------------------------------------------------------------ the optimizers' graphs
+@pytest.mark.parametrize("device", ACCELERATORS)
+@pytest.mark.parametrize("optimizer", sorted(audit.OPTIMIZERS))
+def test_audit_passes_at_device_defaults(optimizer, device):
+    report = audit.audit_optimizer(optimizer, device)
+    assert report.ok, report.failure_message()
+    ops_added = report.operators()
+    assert len(ops_added) > 20                 # the optimizer's own operators were seen
+    assert not report.unmapped
+    # the kernel choice is in the graph: the device's inversion path, nothing of the others
+    if DEVICE_INVERSE_METHODS[device] == "lu":
+        assert "MatrixInverse" in ops_added and "PrimFunc_Cholesky" not in ops_added
+
+
+def test_thor_graph_has_block_splitting_and_spngd_the_batchnorm_probe():
+    thor = audit.audit_optimizer("thor", "Ascend").operators()
+    assert "PrimFunc_BatchMatMul" in thor        # split blocks are inverted/applied as a batch
+    spngd = audit.audit_optimizer("spngd", "Ascend").operators()
+    assert "PrimFunc_RsqrtGrad" in spngd         # the unit-wise BatchNorm probe is differentiated
+
+
+@pytest.mark.parametrize("device, missing", [("Ascend", "PrimFunc_Cholesky"), ("GPU", "PrimFunc_SolveTriangular")])
+def test_cholesky_path_fails_naming_the_primitive(device, missing):
+    report = audit.audit_optimizer("kfac", device, inverse_method="cholesky")
+    assert not report.ok
+    assert report.undocumented == (missing,)
+    assert missing in report.failure_message()
+
+
+# ------------------------------------------------------------------ collectives
+@pytest.mark.parametrize("backend, device", [("hccl", "Ascend"), ("nccl", "GPU")])
+def test_collectives_documented_for_their_backend(backend, device):
+    report = audit.audit_collectives(backend, device)
+    assert set(report.added) == {"ReduceScatter", "AllGather", "AllReduce"}
+    assert report.ok, report.failure_message()
+
+
+def test_cpu_backend_avoids_reduce_scatter():
+    for k in (1, 2, 4):
+        assert "ReduceScatter" not in audit.collectives_for("mccl", 4, k / 4)
+    assert "ReduceScatter" in audit.collectives_for("hccl", 4, 0.25)
