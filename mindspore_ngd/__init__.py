@@ -2,11 +2,12 @@
 import logging as _logging
 
 from .optim import KFAC, SPNGD, THOR, NGDOptimizer, Policy, default_decay_filter
+from .optim.guard import is_divergence
 from .inspect import kronecker_factors
 from .train import MCFisherTrainStep, RefreshMonitor
 
 __version__ = "0.1.0"
-__all__ = ["KFAC", "SPNGD", "THOR", "NGDOptimizer", "Policy", "default_decay_filter", "kronecker_factors",
+__all__ = ["KFAC", "SPNGD", "THOR", "NGDOptimizer", "Policy", "default_decay_filter", "is_divergence", "kronecker_factors",
            "MCFisherTrainStep", "RefreshMonitor", "__version__"]
 
 _logger = _logging.getLogger("mindspore_ngd")

@@ -32,6 +32,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
+from .. import _validate
 from ..capture import CaptureControl, attach
 from ..capture.loss_scale import LossScaleProbe, reference_layer
 from ..curvature.kronecker import KroneckerBlock
@@ -41,6 +42,7 @@ from ..parallel.exchange import DistributedExchange, LocalExchange
 from ..schedule import as_schedule, as_unit_schedule
 from .layers import discover, parameter_roles
 from .policy import Policy, check_arguments, default_decay_filter
+from .guard import Guard
 from .report import Inspection
 from .update import Update
 
@@ -49,7 +51,7 @@ __all__ = ["NGDOptimizer"]
 logger = logging.getLogger("mindspore_ngd")
 
 
-class NGDOptimizer(Inspection, Update, nn.Optimizer):
+class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
     """Natural-gradient optimizer engine (an ``nn.Optimizer``); use :class:`mindspore_ngd.KFAC` etc.
 
     Args:
@@ -81,15 +83,18 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
             and inverse memory ~1/N per rank); 1 makes every rank invert every layer (no gather).
         balance (str): "compute" balances the owners' inversion work (``a^3 + g^3`` per layer),
             "memory" their factor memory (``a^2 + g^2``).
+        divergence_patience (int): stop with ``RuntimeError("... diverged at step ...")`` after this
+            many consecutive steps with a non-finite gradient (>= 1). Default 10.
     """
 
     def __init__(self, network, learning_rate, damping=1e-3, momentum=0.9, weight_decay=0.0,
                  factor_decay=0.95, loss_scale=1.0, policy=Policy(), nesterov=False,
                  decay_filter=None, skip_layers=(), verbose=True, distributed="auto", grad_worker_fraction=None,
-                 balance="compute"):
+                 balance="compute", divergence_patience=10):
         learning_rate, momentum, weight_decay, factor_decay, loss_scale, policy = check_arguments(
             network, learning_rate, damping, momentum, weight_decay, factor_decay, loss_scale, policy, decay_filter,
             balance)
+        divergence_patience = _validate.positive_int("divergence_patience", divergence_patience)
         params = list(network.trainable_params())
         if not params:
             raise ValueError("network has no trainable parameters (all requires_grad=False?): "
@@ -154,6 +159,8 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
         self.skipped_steps = Parameter(Tensor(0, ms.int32), name=f"{prefix}.skipped_steps", requires_grad=False)
         self.inverse_refreshes = Parameter(Tensor(0, ms.int32), name=f"{prefix}.inverse_refreshes",
                                            requires_grad=False)
+        self._guard_name = type(self).__name__
+        self._build_guard(prefix, policy.adaptive_damping, divergence_patience, policy.max_damping_boost, 0.9)
         attach(cells, [b.capture for b in self.blocks])
         attach(norm_cells, [b.capture for b in self.norm_blocks])
         if verbose:
@@ -168,7 +175,8 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
         gradients = self.scale_grad(self.flatten_gradients(gradients))
         lr = self.get_lr()
         step = self.global_step.reshape(())
-        finite = self._all_finite(gradients)
+        finite = self._watch(gradients, self._all_finite(gradients), step)
+        self._adapt(gradients, finite)
 
         # fold the statistics captured in this step's forward/backward pass (one run-time branch)
         factors = self._stored_factors()
@@ -186,21 +194,28 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
             ops.assign(probe.scale_seen, scale)
 
         # refresh the inverses the rule says are due
-        damping = self.damping(self.global_step)          # read in the main graph
+        damping = self._damping(self.damping(self.global_step))          # read in the main graph
         if self.policy.damping_floor > 0:
             damping = ops.maximum(damping, self.policy.damping_floor)
         due = self.refresh_rule.inverse_due(step, refreshed)
         layers = self.refresh_rule.inverse_layers(step, refreshed)
+        if self.policy.adaptive_damping:                  # the damping moved: refresh every inverse now
+            redamp = self._reinvert()
+            due = ops.logical_or(due, redamp)
+            if layers is not None:
+                layers = self._all_layers(layers, redamp)
         inverses = self._stored_inverses()
         if self.refresh_rule.per_layer:                   # one branch per layer inside
             inverses = self._inverted(inverses, factors, damping, layers)
         elif due:
             inverses = self._inverted(inverses, factors, damping, layers)
         self._store_inverses(inverses, due)
+        self._inverted_at(due)
 
         # precondition, gather and rescale; then update every parameter
         preconditioned = self._preconditioned(gradients, lr, inverses, factors)
         success = self._update(self._assemble(gradients, preconditioned), lr, finite)
+        success = self._remember_step(gradients, lr, finite, success)
 
         # plan the next step: the rule reads statistics written late in the backward pass (THOR's
         # traces) and, distributed, may hold a collective that must follow the gather
@@ -208,6 +223,13 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
         self.refresh_rule.capture_next(step + 1)
         ops.assign_add(self.global_step, self.global_step_increase_tensor)
         return success
+
+    @staticmethod
+    def _all_layers(layers, every):
+        out = ()
+        for flag in layers:
+            out += (ops.logical_or(flag, every),)
+        return out
 
     # ------------------------------------------------------------------ fold
     def _change_size(self):

@@ -52,6 +52,10 @@ class KFAC(NGDOptimizer):
             docs/distributed.md.
         grad_worker_fraction: fraction of the ranks that own each layer (``k/N``); None is ``1/N``.
         balance (str): "compute" (default) or "memory": what the layer ownership balances.
+        adaptive_damping (bool): adapt the damping during training (it starts at ``damping``, never
+            goes below it, rises when steps overshoot; see docs/algorithms.md). Default True.
+        divergence_patience (int): stop with ``RuntimeError("... diverged at step ...")`` after this
+            many consecutive non-finite steps (>= 1). Default 10.
 
     Inputs:
         - **gradients** (tuple[Tensor]) - gradients of ``network.trainable_params()``.
@@ -74,12 +78,14 @@ class KFAC(NGDOptimizer):
                  factor_decay=0.95, factor_update_interval=1, inverse_update_interval=20,
                  damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="cholesky",
                  jitter=1e-6, nesterov=False, decay_filter=None, skip_layers=(), fisher="empirical", verbose=True,
-                 distributed="auto", grad_worker_fraction=None, balance="compute"):
+                 distributed="auto", grad_worker_fraction=None, balance="compute",
+                 adaptive_damping=True, divergence_patience=10):
         policy = Policy(name="kfac", refresh=FixedInterval(factor_update_interval, inverse_update_interval),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip, jitter=jitter,
-                        fisher=fisher)
+                        fisher=fisher, adaptive_damping=adaptive_damping)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=nesterov, decay_filter=decay_filter,
                          skip_layers=skip_layers, verbose=verbose, distributed=distributed,
-                         grad_worker_fraction=grad_worker_fraction, balance=balance)
+                         grad_worker_fraction=grad_worker_fraction, balance=balance,
+                         divergence_patience=divergence_patience)

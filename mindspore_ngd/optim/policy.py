@@ -39,6 +39,10 @@ class Policy:
             weight-decay coefficient).
         fisher: "empirical" (G from the training labels) or "mc" (G from labels sampled from the
             model's predictive distribution; needs :class:`mindspore_ngd.MCFisherTrainStep`).
+        adaptive_damping: multiply the damping by a factor >= 1 that rises when steps overshoot and
+            falls back when they undershoot (:mod:`mindspore_ngd.optim.guard`); the given damping is
+            the start and the floor.
+        max_damping_boost: the largest factor adaptive damping may reach (>= 1).
     """
     name: str = "kfac"
     refresh: Union[FixedInterval, StaleIntervals, GrowingInterval] = FixedInterval()
@@ -51,6 +55,8 @@ class Policy:
     batchnorm_damping: Optional[float] = None
     damping_floor: float = 0.0
     fisher: str = "empirical"
+    adaptive_damping: bool = True
+    max_damping_boost: float = 1e4
 
     def validated(self):
         """The policy itself, after checking every field (TypeError/ValueError naming the field)."""
@@ -69,6 +75,10 @@ class Policy:
         _validate.optional_positive_float("batchnorm_damping", self.batchnorm_damping)
         _validate.non_negative_float("damping_floor", self.damping_floor)
         _validate.one_of("fisher", self.fisher, FISHER_KINDS)
+        if not isinstance(self.adaptive_damping, bool):
+            raise TypeError(f"adaptive_damping must be a bool, got {type(self.adaptive_damping).__name__}")
+        _validate.float_in_range("max_damping_boost", self.max_damping_boost, 1.0, float("inf"),
+                                 high_inclusive=True)
         return self
 
 

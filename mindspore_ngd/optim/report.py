@@ -41,7 +41,8 @@ class Inspection:
                     "inverse_refreshes": int(self.inverse_refreshes.asnumpy()),
                     "factor_faults": int(self.factor_faults.asnumpy()),
                     "inverse_faults": int(self.inverse_faults.asnumpy()),
-                    "skipped_steps": int(self.skipped_steps.asnumpy())}
+                    "skipped_steps": int(self.skipped_steps.asnumpy()),
+                    "damping_boost": float(self.damping_boost.asnumpy())}
         counters.update(self.refresh_rule.counters())
         return counters
 

@@ -70,7 +70,8 @@ class THOR(NGDOptimizer):
                  enable_clip_grad=False, frequency=100, split_dim=128, trace_threshold=None,
                  frequency_growth=1.0, max_frequency=None, damping_split="sqrt", factor_decay=0.0,
                  kl_clip=None, inverse_method="cholesky", jitter=1e-6, verbose=True, distributed="auto",
-                 grad_worker_fraction=None, balance="compute"):
+                 grad_worker_fraction=None, balance="compute",
+                 adaptive_damping=True, divergence_patience=10):
         if batch_size is not None:
             _validate.positive_int("batch_size", batch_size)
         if split_indices is not None and not isinstance(split_indices, (list, tuple)):
@@ -80,8 +81,9 @@ class THOR(NGDOptimizer):
         rule = GrowingInterval(frequency, frequency_growth, max_frequency, trace_threshold)
         policy = Policy(name="thor", refresh=rule, damping_split=damping_split, inverse_method=inverse_method,
                         kl_clip=kl_clip, jitter=jitter, split_dim=split_dim,
-                        clip_norm=1.0 if enable_clip_grad else None)
+                        clip_norm=1.0 if enable_clip_grad else None, adaptive_damping=adaptive_damping)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=use_nesterov, decay_filter=decay_filter, verbose=verbose,
-                         distributed=distributed, grad_worker_fraction=grad_worker_fraction, balance=balance)
+                         distributed=distributed, grad_worker_fraction=grad_worker_fraction, balance=balance,
+                         divergence_patience=divergence_patience)

@@ -1,0 +1,101 @@
+"""Damping x learning-rate sweep on the digits CNN: every run trains or stops with a reason.
+
+    python -m benchmarks.damping_sweep [--epochs 3] [--optimizers kfac spngd thor]
+        [--dampings 1e-4 1e-3 1e-2] [--lrs 0.01 0.1 0.3] [--out results/] [-- OPTIMIZER ARGS]
+
+Each optimizer at its constructor defaults (only ``learning_rate`` and ``damping`` set), trained
+through stock ``mindspore.train.Model.train`` on scikit-learn's digits (batch 64, same initial weights
+and data order for every run). A run ends either with a test accuracy or with
+the optimizer's divergence stop (``RuntimeError``, :func:`mindspore_ngd.is_divergence`); the table gives which, the skipped steps and the damping the
+optimizer ended with. ``--set key=value`` passes extra constructor arguments to every optimizer
+(e.g. ``--set adaptive_damping=False`` for the fixed-damping baseline).
+"""
+import argparse
+import ast
+import os
+import time
+
+os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
+
+import numpy as np  # noqa: E402
+
+import mindspore as ms  # noqa: E402
+from mindspore import nn, Tensor  # noqa: E402
+from mindspore.train import Model  # noqa: E402
+
+from . import save_results  # noqa: E402
+
+
+def _build(kind, net, lr, damping, extra):
+    import mindspore_ngd as ngd
+    cls = {"kfac": ngd.KFAC, "spngd": ngd.SPNGD, "thor": ngd.THOR}[kind]
+    return cls(net, learning_rate=lr, damping=damping, verbose=False, **extra)
+
+
+def run_one(kind, damping, lr, epochs, batch_size=64, seed=0, extra=None):
+    """One run; returns a dict with the outcome ("trained" or "diverged"), accuracy and counters."""
+    import mindspore_ngd as ngd
+    from .data import array_dataset, digits_arrays
+    from .models import DigitsCNN
+    x_train, y_train, x_test, y_test = digits_arrays()
+    ms.set_seed(seed)
+    net = DigitsCNN()
+    opt = _build(kind, net, lr, damping, extra or {})
+    model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), opt)
+    start = time.perf_counter()
+    outcome, reason = "trained", ""
+    try:
+        model.train(epochs, array_dataset(x_train, y_train, batch_size, seed=seed), dataset_sink_mode=False)
+    except RuntimeError as error:
+        if not ngd.is_divergence(error):
+            raise
+        outcome, reason = "diverged", str(error).split("\n")[0]
+    seconds = time.perf_counter() - start
+    net.set_train(False)
+    acc = float((net(Tensor(x_test)).asnumpy().argmax(1) == y_test).mean())
+    counters = opt.state_counters()
+    return {"optimizer": kind, "damping": damping, "lr": lr, "outcome": outcome, "test_acc": acc,
+            "skipped_steps": counters["skipped_steps"], "damping_end": counters["damping_boost"] * damping,
+            "steps": counters["step"], "seconds": seconds, "reason": reason}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--optimizers", nargs="+", default=["kfac", "spngd", "thor"])
+    parser.add_argument("--dampings", nargs="+", type=float, default=[1e-4, 1e-3, 1e-2])
+    parser.add_argument("--lrs", nargs="+", type=float, default=[0.01, 0.1, 0.3])
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="extra optimizer arguments, e.g. adaptive_damping=False")
+    parser.add_argument("--out", default="results")
+    parser.add_argument("--name", default="damping_sweep")
+    args = parser.parse_args(argv)
+    extra = {}
+    for item in args.set:
+        key, value = item.split("=", 1)
+        extra[key] = ast.literal_eval(value)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device("CPU")
+    rows = []
+    header = ("| optimizer | damping | lr | outcome | test acc | skipped steps | damping at the end | s |\n"
+              "|---|---|---|---|---|---|---|---|")
+    print(header, flush=True)
+    for kind in args.optimizers:
+        for damping in args.dampings:
+            for lr in args.lrs:
+                row = run_one(kind, damping, lr, args.epochs, extra=extra)
+                rows.append(row)
+                print(f"| {kind} | {damping:g} | {lr:g} | {row['outcome']} | {row['test_acc']:.4f} | "
+                      f"{row['skipped_steps']} | {row['damping_end']:.3g} | {row['seconds']:.0f} |", flush=True)
+                if row["reason"]:
+                    print(f"    {row['reason'][:300]}", flush=True)
+    bad = [r for r in rows if r["outcome"] == "trained" and r["test_acc"] < 0.90]
+    print(f"\n{len(rows)} runs: {sum(r['outcome'] == 'diverged' for r in rows)} stopped with TrainingDiverged, "
+          f"{len(bad)} trained below 0.90 without an exception", flush=True)
+    save_results(args.out, args.name, {"epochs": args.epochs, "extra": {k: repr(v) for k, v in extra.items()},
+                                       "rows": rows})
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""Adaptive damping and divergence detection: training either works or stops with a reason.
+
+Adaptive damping (in the spirit of the Levenberg-Marquardt rule of Martens & Grosse 2015, sec. 6.5)
+---------------------------------------------------------------------------------------------------
+The LM rule compares the loss reduction a step achieved with the reduction its model predicted,
+``rho = (h(theta + delta) - h(theta)) / (M(delta) - M(0))``, and raises the damping when ``rho`` is
+small, lowers it when ``rho`` is large. An ``nn.Optimizer`` inside stock ``Model.train`` never sees
+the loss, but it sees consecutive gradients, and for the step ``delta_t`` it took
+
+    h(theta_t + delta_t) - h(theta_t)  ~=  (g_t + g_{t+1})' delta_t / 2      (trapezoid rule: exact
+                                                                             for a quadratic)
+
+so against the first-order prediction ``g_t' delta_t`` the reduction ratio is
+
+    rho_t = (1 + g_{t+1}' delta_t / g_t' delta_t) / 2.
+
+``rho = 1``: the gradient along the step did not change (the step could be longer); ``rho = 1/2``:
+the step ended at the minimum along its direction; ``rho = 0``: it overshot to a point as high as
+the start; ``rho < 0``: the loss rose. ``delta_t = -lr_t v_{t+1}`` is read from the momentum
+buffers, so the rule stores two scalars, not a copy of the weights. ``g_{t+1}`` comes from a new
+mini-batch, so the numerator and denominator are exponential averages (``ratio_decay``) before the
+ratio is taken, and only steps whose two gradients are finite and whose step descends
+(``g_t' delta_t < 0``) enter them.
+
+Every step the damping multiplier ``boost`` (>= 1: the user's damping is the start and the floor) is
+
+* multiplied by ``max(2 (1 - rho), BOOST_UP)`` when ``rho < 1/4`` and divided by ``BOOST_DOWN`` when
+  ``rho > 3/4`` (Martens & Grosse's thresholds). On a quadratic, a step ``k`` times longer than the
+  minimiser along its direction gives ``rho = 1 - k/2``, so ``2 (1 - rho) = k`` is the factor by which
+  the step was too long, and the damping -- which sets the step length in the directions of low
+  curvature, where K-FAC overshoots -- is raised by that much at once. Martens & Grosse's gentle
+  factor ``(19/20)^T`` is too slow here: a mis-damped run dies within a few steps;
+* clipped to ``[1, max_boost]``;
+* a change of the multiplier by more than 2x since the last inversion makes the inverses due at
+  once (a stale inverse would keep the old damping until the next scheduled refresh).
+
+Divergence
+----------
+The run stops with ``RuntimeError("<Optimizer> diverged at step ...")`` naming the evidence and what
+to change when ``patience`` consecutive steps had a non-finite gradient (the weights or the
+curvature can no longer produce a usable step; non-finite weights give non-finite gradients too).
+MindSpore's graph-mode ``raise`` accepts only built-in exception types, hence ``RuntimeError``;
+:func:`mindspore_ngd.is_divergence` recognises it.
+Every skipped (non-finite) step is reported as it happens through the ``mindspore_ngd`` logger at
+WARNING level. Both are host calls from the compiled graph (MindSpore's graph-mode ``raise`` and
+Python calls in a run-time branch).
+"""
+import logging
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import ops, Parameter, Tensor
+
+__all__ = ["Guard", "DIVERGED", "BOOST_UP", "BOOST_DOWN", "is_divergence"]
+
+logger = logging.getLogger("mindspore_ngd")
+
+DIVERGED = "diverged at step"
+BOOST_UP = 1.5
+BOOST_DOWN = 1.2
+REINVERT_RATIO = 2.0
+
+
+def is_divergence(error):
+    """Whether ``error`` (an exception from training) is the divergence stop of an optimizer."""
+    return isinstance(error, RuntimeError) and DIVERGED in str(error)
+
+
+def _warn_skipped(name, step, run, total):
+    logger.warning("%s: step %d skipped: non-finite gradient (%d in a row, %d in total); weights and "
+                   "moments unchanged", name, int(step), int(run), int(total))
+    return run
+
+
+class Guard:
+    """Graph-mode methods of :class:`mindspore_ngd.NGDOptimizer` for adaptive damping and divergence
+    (a mixin; see the module docstring). ``_build_guard`` creates its state Parameters."""
+
+    def _build_guard(self, prefix, adaptive, patience, max_boost, ratio_decay):
+        self.adaptive_damping = bool(adaptive)
+        self.divergence_patience = int(patience)
+        self.max_boost = float(max_boost)
+        self.ratio_decay = float(ratio_decay)
+
+        def scalar(value, name, dtype=np.float32):
+            return Parameter(Tensor(np.asarray(value, dtype)), name=f"{prefix}.{name}", requires_grad=False)
+
+        self.damping_boost = scalar(1.0, "damping.boost")
+        self.boost_inverted = scalar(1.0, "damping.boost_inverted")
+        self.step_slope = scalar(0.0, "damping.step_slope")          # g_t' delta_t (0: no usable step)
+        self.step_lr = scalar(0.0, "damping.step_lr")                # lr_t, to rebuild delta_t
+        self.ratio_num = scalar(0.0, "damping.ratio_num")
+        self.ratio_den = scalar(0.0, "damping.ratio_den")
+        self.nonfinite_run = scalar(0, "nonfinite_run", np.int32)
+
+    # ------------------------------------------------------------------ before the update
+    def _watch(self, gradients, finite, step):
+        """Report a skipped step, stop a diverged run; returns ``finite`` (for ordering)."""
+        run = ops.select(finite, ops.zeros((), ms.int32), self.nonfinite_run + 1)
+        ops.assign(self.nonfinite_run, run)
+        if not finite:
+            _warn_skipped(self._guard_name, step, run, self.skipped_steps + 1)
+            if run >= self.divergence_patience:
+                raise RuntimeError(
+                    f"{self._guard_name} {DIVERGED} {step}: {run} consecutive steps with a non-finite gradient "
+                    f"({self.skipped_steps + 1} skipped in total; damping multiplier {self.damping_boost * 1.0}). "
+                    "Raise the damping, enable kl_clip (e.g. kl_clip=1e-3) or lower the learning rate.")
+        return finite
+
+    def _damping(self, schedule_value):
+        """The damping of this step: the user's value (its floor) times the adaptive multiplier."""
+        if not self.adaptive_damping:
+            return schedule_value
+        return schedule_value * self.damping_boost
+
+    def _reinvert(self):
+        """Whether the multiplier moved by more than 2x since the inverses were computed."""
+        if not self.adaptive_damping:
+            return ops.zeros((), ms.bool_)
+        ratio = self.damping_boost / self.boost_inverted
+        return ops.logical_or(ratio > REINVERT_RATIO, ratio < 1.0 / REINVERT_RATIO)
+
+    def _inverted_at(self, due):
+        if self.adaptive_damping:
+            ops.assign(self.boost_inverted, ops.select(due, self.damping_boost, self.boost_inverted))
+
+    def _adapt(self, gradients, finite):
+        """Fold ``g_{t+1}' delta_t`` into the reduction ratio and adapt the multiplier; call before the
+        momentum update (the buffers still hold ``v_{t+1}`` of the previous step)."""
+        if not self.adaptive_damping:
+            return finite
+        dots = ()
+        for i in range(self.num_params):
+            dots += ((ops.cast(gradients[i], ms.float32) * ops.cast(self.moments[i], ms.float32)).sum(),)
+        slope_next = -self.step_lr * ops.addn(dots)                  # g_{t+1}' delta_t
+        slope = self.step_slope
+        usable = ops.logical_and(ops.logical_and(finite, slope < 0), ops.isfinite(slope_next))
+        decay = self.ratio_decay
+        num = ops.select(usable, decay * self.ratio_num + (1 - decay) * 0.5 * (slope + slope_next), self.ratio_num)
+        den = ops.select(usable, decay * self.ratio_den + (1 - decay) * slope, self.ratio_den)
+        ops.assign(self.ratio_num, num)
+        ops.assign(self.ratio_den, den)
+        rho = num / ops.select(den < 0, den, -ops.ones_like(den))
+        boost = self.damping_boost
+        overshoot = ops.maximum(2.0 * (1.0 - rho), BOOST_UP)
+        factor = ops.select(rho < 0.25, overshoot,
+                            ops.select(rho > 0.75, ops.fill(ms.float32, (), 1.0 / BOOST_DOWN), ops.ones((), ms.float32)))
+        factor = ops.select(ops.logical_and(usable, den < 0), factor, ops.ones((), ms.float32))
+        ops.assign(self.damping_boost, ops.clip_by_value(boost * factor, 1.0, self.max_boost))
+        return usable
+
+    # ------------------------------------------------------------------ after the update
+    def _remember_step(self, gradients, lr, finite, token):
+        """Store ``g_t' delta_t`` of the step just taken (after the update ``token``), and check that the
+        weights are still finite."""
+        if self.adaptive_damping:
+            dots = ()
+            for i in range(self.num_params):
+                moment = ops.depend(self.moments[i], token)
+                dots += ((ops.cast(gradients[i], ms.float32) * ops.cast(moment, ms.float32)).sum(),)
+            lr = ops.cast(lr, ms.float32)
+            slope = -lr * ops.addn(dots)
+            ops.assign(self.step_slope, ops.select(finite, slope, ops.zeros_like(slope)))
+            ops.assign(self.step_lr, lr)
+        return token
