@@ -21,7 +21,8 @@ the collectives in their one order in the exchange (:mod:`mindspore_ngd.parallel
 MindSpore 2.10 constraints that shape this code (each measured): state Parameters are written only
 in the main graph, never inside a run-time branch (a Parameter assigned inside an ``if`` on a
 tensor is disconnected from its host value, so a later ``load_param_into_net`` would not reach the
-graph); run-time branches are single-level; the batch statistics are read after the gradients
+graph; the capture's batch buffers, used only inside branches, are therefore not Parameters of the
+optimizer); run-time branches are single-level; the batch statistics are read after the gradients
 (data dependency on a value computed from every gradient); a branch never returns an empty tuple
 (MindSpore miscounts its outputs).
 """
