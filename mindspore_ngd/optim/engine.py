@@ -56,7 +56,9 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
         network (nn.Cell): the network being trained. Its ``nn.Dense`` and ``nn.Conv2d`` cells are
             made to capture Kronecker factors in place (parameter names unchanged); all of its
             trainable parameters are optimised.
-        learning_rate: float, per-step list / ndarray / 1-D Tensor, or ``LearningRateSchedule``; > 0.
+        learning_rate: float, per-step list / ndarray / 1-D Tensor, or ``LearningRateSchedule``; >= 0
+            as for ``nn.Momentum`` (:func:`mindspore_ngd.schedule.check_learning_rate`), so warm-up
+            schedules starting at 0 work; a step at lr 0 changes no weight.
         damping: Tikhonov damping, same forms as ``learning_rate``; > 0.
         momentum: momentum in [0, 1]: a float, or a per-step list / ndarray / 1-D Tensor or a
             ``LearningRateSchedule`` cell (e.g. SP-NGD's momentum rescaled with the learning rate).

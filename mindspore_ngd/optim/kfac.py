@@ -26,7 +26,8 @@ class KFAC(NGDOptimizer):
     Args:
         network (nn.Cell): the network to train. Its Dense/Conv2d cells capture factors in place;
             parameter names and the network's checkpoint are unchanged.
-        learning_rate (Union[float, list, numpy.ndarray, Tensor, LearningRateSchedule]): > 0.
+        learning_rate (Union[float, list, numpy.ndarray, Tensor, LearningRateSchedule]): >= 0, the
+            forms ``nn.Momentum`` accepts (warm-up schedules such as ``nn.warmup_lr`` start at 0).
         damping (Union[float, list, numpy.ndarray, Tensor, LearningRateSchedule]): Tikhonov damping
             lambda, > 0. Default 1e-3.
         momentum (float): in [0, 1]. Default 0.9.

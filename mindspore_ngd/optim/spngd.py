@@ -31,7 +31,8 @@ class SPNGD(NGDOptimizer):
 
     Args:
         network (nn.Cell): the network to train (Dense/Conv2d/BatchNorm cells capture in place).
-        learning_rate: float, per-step list / ndarray / 1-D Tensor, or ``LearningRateSchedule``; > 0.
+        learning_rate: float, per-step list / ndarray / 1-D Tensor, or ``LearningRateSchedule``; >= 0
+            (as ``nn.Momentum``).
             :func:`mindspore_ngd.schedule.polynomial_lr` gives SP-NGD's polynomial decay.
         damping: Tikhonov damping of the Kronecker factors, same forms; > 0. The value used is
             ``max(damping, weight_decay)``. Default 1e-3.
