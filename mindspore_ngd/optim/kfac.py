@@ -53,6 +53,13 @@ class KFAC(NGDOptimizer):
             docs/distributed.md.
         grad_worker_fraction: fraction of the ranks that own each layer (``k/N``); None is ``1/N``.
         balance (str): "compute" (default) or "memory": what the layer ownership balances.
+        params (list): parameter groups as ``nn.Momentum``'s ``params``: a list of the network's
+            Parameters, or of dicts with "params" and optionally "lr", "weight_decay" and
+            "grad_centralization", plus an optional ``{"order_params": [...]}``. The groups must hold
+            exactly the network's trainable parameters. A group's lr scales its parameters' part of
+            the preconditioned step (KL clipping uses each parameter's own lr); its weight decay is
+            added after preconditioning; gradient centralization acts on the final direction. See
+            :mod:`mindspore_ngd.optim.groups`. None (default): every trainable parameter, one group.
 
     Inputs:
         - **gradients** (tuple[Tensor]) - gradients of ``network.trainable_params()``.
@@ -75,7 +82,7 @@ class KFAC(NGDOptimizer):
                  factor_decay=0.95, factor_update_interval=1, inverse_update_interval=20,
                  damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="cholesky",
                  jitter=1e-6, nesterov=False, decay_filter=None, skip_layers=(), fisher="empirical", verbose=True,
-                 distributed="auto", grad_worker_fraction=None, balance="compute"):
+                 distributed="auto", grad_worker_fraction=None, balance="compute", params=None):
         policy = Policy(name="kfac", refresh=FixedInterval(factor_update_interval, inverse_update_interval),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip, jitter=jitter,
                         fisher=fisher)
@@ -83,4 +90,4 @@ class KFAC(NGDOptimizer):
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=nesterov, decay_filter=decay_filter,
                          skip_layers=skip_layers, verbose=verbose, distributed=distributed,
-                         grad_worker_fraction=grad_worker_fraction, balance=balance)
+                         grad_worker_fraction=grad_worker_fraction, balance=balance, params=params)

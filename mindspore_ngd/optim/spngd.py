@@ -68,6 +68,13 @@ class SPNGD(NGDOptimizer):
             docs/distributed.md.
         grad_worker_fraction: fraction of the ranks that own each layer (``k/N``); None is ``1/N``.
         balance (str): "compute" (default) or "memory": what the layer ownership balances.
+        params (list): parameter groups as ``nn.Momentum``'s ``params``: a list of the network's
+            Parameters, or of dicts with "params" and optionally "lr", "weight_decay" and
+            "grad_centralization", plus an optional ``{"order_params": [...]}``. The groups must hold
+            exactly the network's trainable parameters. A group's lr scales its parameters' part of
+            the preconditioned step (KL clipping uses each parameter's own lr); its weight decay is
+            added after preconditioning; gradient centralization acts on the final direction. See
+            :mod:`mindspore_ngd.optim.groups`. None (default): every trainable parameter, one group.
 
     State (Parameters, checkpointed): ``spngd.intervals``, ``spngd.next_refresh`` and
     ``spngd.refreshes`` are int32 vectors over :attr:`statistic_names` (A of every layer, G of every
@@ -86,7 +93,7 @@ class SPNGD(NGDOptimizer):
                  stale=True, refresh_threshold=0.1, max_interval=64, batchnorm_damping=1e-3, fisher="empirical",
                  damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="cholesky", jitter=1e-6,
                  nesterov=False, decay_filter=None, skip_layers=(), verbose=True, distributed="auto",
-                 grad_worker_fraction=None, balance="compute"):
+                 grad_worker_fraction=None, balance="compute", params=None):
         floor = _validate.non_negative_float("weight_decay", weight_decay)
         policy = Policy(name="spngd", refresh=StaleIntervals(refresh_threshold, max_interval, stale),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip,
@@ -95,4 +102,4 @@ class SPNGD(NGDOptimizer):
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=nesterov, decay_filter=decay_filter,
                          skip_layers=skip_layers, verbose=verbose, distributed=distributed,
-                         grad_worker_fraction=grad_worker_fraction, balance=balance)
+                         grad_worker_fraction=grad_worker_fraction, balance=balance, params=params)
