@@ -117,6 +117,18 @@ def find_layers(network):
     return specs, cells, skipped
 
 
+def _scratch(cell, attr, param):
+    """Hold a per-step scratch buffer on ``cell`` without registering it as the cell's Parameter.
+
+    The batch buffers are written and read only inside run-time branches, always written before
+    they are read in the same step, so they carry no state between steps. Kept out of the cell's
+    parameters they stay out of checkpoints, and ``load_param_into_net`` never replaces their data:
+    replacing the data of a Parameter that a compiled graph uses only inside run-time branches
+    disconnects it from its host value in MindSpore 2.10 (measured), while the graph keeps using
+    the old buffer."""
+    object.__setattr__(cell, attr, param)
+
+
 class LayerCapture(nn.Cell):
     """Batch A and G buffers of one layer, the flags that enable capture, and the G hook.
 
@@ -129,10 +141,10 @@ class LayerCapture(nn.Cell):
         super().__init__(auto_prefix=False)
         self.spec = spec
         base = f"{prefix}.{spec.name}"
-        self.a_batch = Parameter(Tensor(np.zeros((spec.a_dim, spec.a_dim), np.float32)),
-                                 name=f"{base}.a_batch", requires_grad=False)
-        self.g_batch = Parameter(Tensor(np.zeros((spec.g_dim, spec.g_dim), np.float32)),
-                                 name=f"{base}.g_batch", requires_grad=False)
+        _scratch(self, "a_batch", Parameter(Tensor(np.zeros((spec.a_dim, spec.a_dim), np.float32)),
+                                            name=f"{base}.a_batch", requires_grad=False))
+        _scratch(self, "g_batch", Parameter(Tensor(np.zeros((spec.g_dim, spec.g_dim), np.float32)),
+                                            name=f"{base}.g_batch", requires_grad=False))
         self.capture_a = Parameter(Tensor(True), name=f"{base}.capture_a", requires_grad=False)
         self.capture_g = Parameter(Tensor(True), name=f"{base}.capture_g", requires_grad=False)
         self.is_conv = spec.kind == "conv2d"
@@ -156,8 +168,8 @@ class LayerCapture(nn.Cell):
         # of the output gradient, i.e. the bias gradient as the backward pass saw it (scaled), every step
         self.sums_gradient = bool(sums_gradient)
         if self.sums_gradient:
-            self.grad_sum = Parameter(Tensor(np.zeros((spec.g_dim,), np.float32)), name=f"{base}.grad_sum",
-                                      requires_grad=False)
+            _scratch(self, "grad_sum", Parameter(Tensor(np.zeros((spec.g_dim,), np.float32)),
+                                                 name=f"{base}.grad_sum", requires_grad=False))
 
     def input_trace(self, x):
         if self.is_conv:
@@ -250,8 +262,8 @@ class NormCapture(nn.Cell):
         super().__init__(auto_prefix=False)
         self.spec = spec
         base = f"{prefix}.{spec.name}"
-        self.f_batch = Parameter(Tensor(np.zeros((spec.channels, 3), np.float32)), name=f"{base}.f_batch",
-                                 requires_grad=False)
+        _scratch(self, "f_batch", Parameter(Tensor(np.zeros((spec.channels, 3), np.float32)),
+                                            name=f"{base}.f_batch", requires_grad=False))
         self.capture_f = Parameter(Tensor(True), name=f"{base}.capture_f", requires_grad=False)
         self.eps = spec.eps
         self.g_scale = 1.0 / float(loss_scale)

@@ -21,7 +21,8 @@ the collectives in their one order in the exchange (:mod:`mindspore_ngd.parallel
 MindSpore 2.10 constraints that shape this code (each measured): state Parameters are written only
 in the main graph, never inside a run-time branch (a Parameter assigned inside an ``if`` on a
 tensor is disconnected from its host value, so a later ``load_param_into_net`` would not reach the
-graph); run-time branches are single-level; the batch statistics are read after the gradients
+graph; the capture's batch buffers, used only inside branches, are therefore not Parameters of the
+optimizer); run-time branches are single-level; the batch statistics are read after the gradients
 (data dependency on a value computed from every gradient); a branch never returns an empty tuple
 (MindSpore miscounts its outputs).
 """
@@ -40,6 +41,7 @@ from ..curvature.unitwise import UnitBatchNormBlock
 from ..parallel import comm as parallel_comm
 from ..parallel.exchange import DistributedExchange, LocalExchange
 from ..schedule import as_schedule, as_unit_schedule
+from .groups import parse_groups
 from .layers import discover, parameter_roles
 from .policy import Policy, check_arguments, default_decay_filter
 from .guard import Guard
@@ -58,7 +60,9 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         network (nn.Cell): the network being trained. Its ``nn.Dense`` and ``nn.Conv2d`` cells are
             made to capture Kronecker factors in place (parameter names unchanged); all of its
             trainable parameters are optimised.
-        learning_rate: float, per-step list / ndarray / 1-D Tensor, or ``LearningRateSchedule``; > 0.
+        learning_rate: float, per-step list / ndarray / 1-D Tensor, or ``LearningRateSchedule``; >= 0
+            as for ``nn.Momentum`` (:func:`mindspore_ngd.schedule.check_learning_rate`), so warm-up
+            schedules starting at 0 work; a step at lr 0 changes no weight.
         damping: Tikhonov damping, same forms as ``learning_rate``; > 0.
         momentum: momentum in [0, 1]: a float, or a per-step list / ndarray / 1-D Tensor or a
             ``LearningRateSchedule`` cell (e.g. SP-NGD's momentum rescaled with the learning rate).
@@ -85,38 +89,48 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
             "memory" their factor memory (``a^2 + g^2``).
         divergence_patience (int): stop with ``RuntimeError("... diverged at step ...")`` after this
             many consecutive steps with a non-finite gradient (>= 1). Default 10.
+        params (list): parameter groups as ``nn.Momentum``'s ``params``: a list of the network's
+            Parameters, or of dicts with "params" and optionally "lr", "weight_decay" and
+            "grad_centralization", plus an optional ``{"order_params": [...]}``. The groups must hold
+            exactly the network's trainable parameters. A group's lr scales its parameters' part of
+            the preconditioned step (KL clipping uses each parameter's own lr); its weight decay is
+            added after preconditioning; gradient centralization acts on the final direction. See
+            :mod:`mindspore_ngd.optim.groups`. None (default): every trainable parameter, one group.
     """
 
     def __init__(self, network, learning_rate, damping=1e-3, momentum=0.9, weight_decay=0.0,
                  factor_decay=0.95, loss_scale=1.0, policy=Policy(), nesterov=False,
                  decay_filter=None, skip_layers=(), verbose=True, distributed="auto", grad_worker_fraction=None,
-                 balance="compute", divergence_patience=10):
+                 balance="compute", divergence_patience=10, params=None):
         learning_rate, momentum, weight_decay, factor_decay, loss_scale, policy = check_arguments(
             network, learning_rate, damping, momentum, weight_decay, factor_decay, loss_scale, policy, decay_filter,
             balance)
         divergence_patience = _validate.positive_int("divergence_patience", divergence_patience)
-        params = list(network.trainable_params())
-        if not params:
+        if not list(network.trainable_params()):
             raise ValueError("network has no trainable parameters (all requires_grad=False?): "
                              "nothing to optimise")
+        groups = parse_groups(network, params)
         specs, cells, norm_specs, norm_cells, skipped = discover(network, skip_layers,
                                                                  policy.batchnorm_damping is not None)
         comm = parallel_comm.resolve(distributed, specs, grad_worker_fraction, balance, policy.split_dim,
                                      owner=type(self).__name__)
         owned = comm.owned if comm is not None else (True,) * len(specs)
 
-        super().__init__(learning_rate, params, weight_decay=0.0, loss_scale=loss_scale)
+        super().__init__(learning_rate, groups.parameters, weight_decay=0.0, loss_scale=loss_scale)
         self.policy = policy
         self.layer_specs = tuple(specs)
         self.norm_specs = tuple(norm_specs)
         self.skipped_layers = tuple(skipped)
-        self.num_layers, self.num_norms, self.num_params = len(specs), len(norm_specs), len(params)
+        self.num_layers, self.num_norms, self.num_params = len(specs), len(norm_specs), len(self._parameters)
         self.statistic_names = tuple([f"{s.name}.A" for s in specs] + [f"{s.name}.G" for s in specs]
                                      + [f"{s.name}.F" for s in norm_specs])
         prefix = policy.name
         self._roles, self._norm_roles, index = parameter_roles(self._parameters, specs, norm_specs)
         decay_filter = decay_filter or default_decay_filter
-        self._decay = tuple(bool(decay_filter(p)) and weight_decay > 0 for p in self._parameters)
+        decay = [groups.weight_decay.get(p.name, weight_decay if decay_filter(p) else 0.0) for p in self._parameters]
+        self._decay = tuple(value > 0 for value in decay)
+        self.weight_decay_values = tuple(Tensor(np.float32(value)) for value in decay)
+        self._centralize = tuple(groups.centralize.get(p.name, False) for p in self._parameters)
 
         # hyper-parameters
         self.damping = as_schedule(damping, f"{prefix}.damping")
@@ -126,7 +140,6 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
             self.momentum_schedule = None
         else:
             self.momentum_schedule = as_unit_schedule(momentum, f"{prefix}.momentum", "momentum")
-        self.weight_decay_value = Tensor(np.float32(weight_decay))
         self.factor_decay = float(factor_decay)
         self.apply_momentum = ops.ApplyMomentum(use_nesterov=bool(nesterov))
         self.moments = self._parameters.clone(prefix=f"{prefix}.moments", init="zeros")
@@ -405,7 +418,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
             dots += ((pair[0] * grads[0]).sum() + (pair[1] * grads[1]).sum(),)
         if self.policy.kl_clip is None:
             return matrices, pairs
-        vg = ops.addn(dots) * lr * lr
+        vg = self._group_vg(matrices, pairs, gradients, lr) if self.is_group_lr else ops.addn(dots) * lr * lr
         usable = ops.logical_and(vg > 0, ops.isfinite(vg))
         nu = ops.minimum(ops.sqrt(self.policy.kl_clip / ops.select(usable, vg, ops.ones_like(vg))), 1.0)
         nu = ops.select(usable, nu, ops.ones_like(nu))
@@ -415,3 +428,25 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         for pair in pairs:
             scaled_pairs += ((pair[0] * nu, pair[1] * nu),)
         return scaled, scaled_pairs
+
+    def _group_vg(self, matrices, pairs, gradients, lr):
+        """``sum_i lr_i^2 <P_i, g_i>`` over the preconditioned parameters, each with its own learning
+        rate (parameter groups): a layer's weight and bias columns may belong to different groups."""
+        terms = ()
+        for k in range(self.num_layers):
+            block = self.blocks[k]
+            product = matrices[k] * block.gradient(gradients)
+            lr_w = self._lr_of(lr, block.weight_index)
+            if block.bias_index >= 0:
+                columns = product.shape[1]
+                lr_b = self._lr_of(lr, block.bias_index)
+                terms += (ops.narrow(product, 1, 0, columns - 1).sum() * lr_w * lr_w,
+                          ops.narrow(product, 1, columns - 1, 1).sum() * lr_b * lr_b)
+            else:
+                terms += (product.sum() * lr_w * lr_w,)
+        for j in range(self.num_norms):
+            block = self.norm_blocks[j]
+            grads = block.gradients(gradients)
+            lr_g, lr_b = self._lr_of(lr, block.gamma_index), self._lr_of(lr, block.beta_index)
+            terms += ((pairs[j][0] * grads[0]).sum() * lr_g * lr_g, (pairs[j][1] * grads[1]).sum() * lr_b * lr_b)
+        return ops.addn(terms)

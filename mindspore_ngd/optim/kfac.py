@@ -26,7 +26,8 @@ class KFAC(NGDOptimizer):
     Args:
         network (nn.Cell): the network to train. Its Dense/Conv2d cells capture factors in place;
             parameter names and the network's checkpoint are unchanged.
-        learning_rate (Union[float, list, numpy.ndarray, Tensor, LearningRateSchedule]): > 0.
+        learning_rate (Union[float, list, numpy.ndarray, Tensor, LearningRateSchedule]): >= 0, the
+            forms ``nn.Momentum`` accepts (warm-up schedules such as ``nn.warmup_lr`` start at 0).
         damping (Union[float, list, numpy.ndarray, Tensor, LearningRateSchedule]): Tikhonov damping
             lambda, > 0. Default 1e-3.
         momentum (float): in [0, 1]. Default 0.9.
@@ -56,6 +57,13 @@ class KFAC(NGDOptimizer):
             goes below it, rises when steps overshoot; see docs/algorithms.md). Default True.
         divergence_patience (int): stop with ``RuntimeError("... diverged at step ...")`` after this
             many consecutive non-finite steps (>= 1). Default 10.
+        params (list): parameter groups as ``nn.Momentum``'s ``params``: a list of the network's
+            Parameters, or of dicts with "params" and optionally "lr", "weight_decay" and
+            "grad_centralization", plus an optional ``{"order_params": [...]}``. The groups must hold
+            exactly the network's trainable parameters. A group's lr scales its parameters' part of
+            the preconditioned step (KL clipping uses each parameter's own lr); its weight decay is
+            added after preconditioning; gradient centralization acts on the final direction. See
+            :mod:`mindspore_ngd.optim.groups`. None (default): every trainable parameter, one group.
 
     Inputs:
         - **gradients** (tuple[Tensor]) - gradients of ``network.trainable_params()``.
@@ -79,7 +87,7 @@ class KFAC(NGDOptimizer):
                  damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="cholesky",
                  jitter=1e-6, nesterov=False, decay_filter=None, skip_layers=(), fisher="empirical", verbose=True,
                  distributed="auto", grad_worker_fraction=None, balance="compute",
-                 adaptive_damping=True, divergence_patience=10):
+                 adaptive_damping=True, divergence_patience=10, params=None):
         policy = Policy(name="kfac", refresh=FixedInterval(factor_update_interval, inverse_update_interval),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip, jitter=jitter,
                         fisher=fisher, adaptive_damping=adaptive_damping)
@@ -88,4 +96,4 @@ class KFAC(NGDOptimizer):
                          policy=policy, nesterov=nesterov, decay_filter=decay_filter,
                          skip_layers=skip_layers, verbose=verbose, distributed=distributed,
                          grad_worker_fraction=grad_worker_fraction, balance=balance,
-                         divergence_patience=divergence_patience)
+                         divergence_patience=divergence_patience, params=params)

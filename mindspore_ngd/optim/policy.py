@@ -7,7 +7,7 @@ from mindspore import nn
 from .. import _validate
 from ..curvature.inverse import DAMPING_SPLITS, INVERSE_METHODS
 from ..parallel.plan import BALANCES
-from ..schedule import check_positive_schedule
+from ..schedule import check_learning_rate, check_positive_schedule
 from ..schedule.rules import FixedInterval, GrowingInterval, StaleIntervals
 
 __all__ = ["Policy", "FISHER_KINDS", "default_decay_filter", "check_arguments"]
@@ -95,7 +95,7 @@ def check_arguments(network, learning_rate, damping, momentum, weight_decay, fac
     weight_decay, factor_decay, loss_scale, policy)``."""
     if not isinstance(network, nn.Cell):
         raise TypeError(f"network must be a mindspore.nn.Cell, got {type(network).__name__}")
-    learning_rate = check_positive_schedule("learning_rate", learning_rate)
+    learning_rate = check_learning_rate("learning_rate", learning_rate)
     check_positive_schedule("damping", damping)
     if isinstance(momentum, (int, float)) and not isinstance(momentum, bool):
         momentum = _validate.float_in_range("momentum", momentum, 0.0, 1.0, high_inclusive=True)

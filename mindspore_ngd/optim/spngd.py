@@ -31,7 +31,8 @@ class SPNGD(NGDOptimizer):
 
     Args:
         network (nn.Cell): the network to train (Dense/Conv2d/BatchNorm cells capture in place).
-        learning_rate: float, per-step list / ndarray / 1-D Tensor, or ``LearningRateSchedule``; > 0.
+        learning_rate: float, per-step list / ndarray / 1-D Tensor, or ``LearningRateSchedule``; >= 0
+            (as ``nn.Momentum``).
             :func:`mindspore_ngd.schedule.polynomial_lr` gives SP-NGD's polynomial decay.
         damping: Tikhonov damping of the Kronecker factors, same forms; > 0. The value used is
             ``max(damping, weight_decay)``. Default 1e-3.
@@ -71,6 +72,13 @@ class SPNGD(NGDOptimizer):
             goes below it, rises when steps overshoot; see docs/algorithms.md). Default True.
         divergence_patience (int): stop with ``RuntimeError("... diverged at step ...")`` after this
             many consecutive non-finite steps (>= 1). Default 10.
+        params (list): parameter groups as ``nn.Momentum``'s ``params``: a list of the network's
+            Parameters, or of dicts with "params" and optionally "lr", "weight_decay" and
+            "grad_centralization", plus an optional ``{"order_params": [...]}``. The groups must hold
+            exactly the network's trainable parameters. A group's lr scales its parameters' part of
+            the preconditioned step (KL clipping uses each parameter's own lr); its weight decay is
+            added after preconditioning; gradient centralization acts on the final direction. See
+            :mod:`mindspore_ngd.optim.groups`. None (default): every trainable parameter, one group.
 
     State (Parameters, checkpointed): ``spngd.intervals``, ``spngd.next_refresh`` and
     ``spngd.refreshes`` are int32 vectors over :attr:`statistic_names` (A of every layer, G of every
@@ -90,7 +98,7 @@ class SPNGD(NGDOptimizer):
                  damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="cholesky", jitter=1e-6,
                  nesterov=False, decay_filter=None, skip_layers=(), verbose=True, distributed="auto",
                  grad_worker_fraction=None, balance="compute",
-                 adaptive_damping=True, divergence_patience=10):
+                 adaptive_damping=True, divergence_patience=10, params=None):
         floor = _validate.non_negative_float("weight_decay", weight_decay)
         policy = Policy(name="spngd", refresh=StaleIntervals(refresh_threshold, max_interval, stale),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip,
@@ -100,4 +108,4 @@ class SPNGD(NGDOptimizer):
                          policy=policy, nesterov=nesterov, decay_filter=decay_filter,
                          skip_layers=skip_layers, verbose=verbose, distributed=distributed,
                          grad_worker_fraction=grad_worker_fraction, balance=balance,
-                         divergence_patience=divergence_patience)
+                         divergence_patience=divergence_patience, params=params)

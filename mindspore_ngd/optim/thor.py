@@ -56,8 +56,8 @@ class THOR(NGDOptimizer):
     None), ``damping_split`` ("sqrt"), ``factor_decay`` (0: each refresh uses its own batch),
     ``kl_clip`` (None), ``inverse_method`` ("cholesky" or "lu"), ``jitter`` (1e-6), ``verbose``, and the
     distributed knobs ``distributed`` ("auto"), ``grad_worker_fraction`` (None: 1/N) and ``balance``
-    ("compute"; ownership balanced on the block-split inversion cost), as
-    :class:`mindspore_ngd.NGDOptimizer`. Distributed with ``trace_threshold``, the batch traces are
+    ("compute"; ownership balanced on the block-split inversion cost), and ``params`` (parameter groups as
+    ``nn.Momentum``'s, see :mod:`mindspore_ngd.optim.groups`), as :class:`mindspore_ngd.NGDOptimizer`. Distributed with ``trace_threshold``, the batch traces are
     averaged over the ranks and the owners of a layer decide whether its statistics moved; the
     decisions are shared so that every rank captures the same statistics.
 
@@ -71,7 +71,7 @@ class THOR(NGDOptimizer):
                  frequency_growth=1.0, max_frequency=None, damping_split="sqrt", factor_decay=0.0,
                  kl_clip=None, inverse_method="cholesky", jitter=1e-6, verbose=True, distributed="auto",
                  grad_worker_fraction=None, balance="compute",
-                 adaptive_damping=True, divergence_patience=10):
+                 adaptive_damping=True, divergence_patience=10, params=None):
         if batch_size is not None:
             _validate.positive_int("batch_size", batch_size)
         if split_indices is not None and not isinstance(split_indices, (list, tuple)):
@@ -86,4 +86,4 @@ class THOR(NGDOptimizer):
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=use_nesterov, decay_filter=decay_filter, verbose=verbose,
                          distributed=distributed, grad_worker_fraction=grad_worker_fraction, balance=balance,
-                         divergence_patience=divergence_patience)
+                         divergence_patience=divergence_patience, params=params)

@@ -1,5 +1,6 @@
 """The update step of the engine: preconditioned parts put back in place, weight decay, optional
-gradient clipping, and ``nn.Momentum``'s update (``ApplyMomentum``) for every parameter."""
+gradient clipping and gradient centralization, and ``nn.Momentum``'s update (``ApplyMomentum``) for
+every parameter, each with its group's learning rate."""
 import mindspore as ms
 from mindspore import ops
 
@@ -25,10 +26,16 @@ class Update:
             out += (grad,)
         return out
 
+    def _lr_of(self, lr, i):
+        """Learning rate of parameter ``i``: ``get_lr()`` is one value per parameter with group lrs."""
+        return lr[i] if self.is_group_lr else lr
+
     def _update(self, gradients, lr, finite):
-        """Weight decay, optional clipping and the momentum update; a non-finite step leaves weights
-        and moments untouched (lr 0, momentum 1, gradient 0) and is counted."""
-        lr_eff = ops.select(finite, ops.cast(lr, ms.float32), ops.zeros((), ms.float32))
+        """Weight decay (each parameter's own coefficient), optional clipping, optional gradient
+        centralization and the momentum update with each parameter's learning rate; a non-finite step
+        leaves weights and moments untouched (lr 0, momentum 1, gradient 0) and is counted."""
+        zero = ops.zeros((), ms.float32)
+        lr_eff = zero if self.is_group_lr else ops.select(finite, ops.cast(lr, ms.float32), zero)
         momentum = self.momentum if self.momentum_schedule is None else self.momentum_schedule(self.global_step)
         momentum_eff = ops.select(finite, momentum, ops.ones((), ms.float32))
         success = ()
@@ -36,12 +43,16 @@ class Update:
             param = self._parameters[i]
             grad = gradients[i]
             if self._decay[i]:
-                grad = grad + ops.cast(self.weight_decay_value, grad.dtype) * param
+                grad = grad + ops.cast(self.weight_decay_values[i], grad.dtype) * param
             if self.policy.clip_norm is not None:
                 norm = ops.sqrt(ops.reduce_sum(ops.cast(grad, ms.float32) ** 2))
                 scale = ops.minimum(self.policy.clip_norm / ops.maximum(norm, 1e-30), 1.0)
                 grad = grad * ops.cast(scale, grad.dtype)
+            if self._centralize[i]:
+                grad = grad - grad.mean(axis=tuple(range(1, grad.ndim)), keep_dims=True)
             grad = ops.select(ops.broadcast_to(finite, grad.shape), grad, ops.zeros_like(grad))
+            if self.is_group_lr:
+                lr_eff = ops.select(finite, ops.cast(self._lr_of(lr, i), ms.float32), zero)
             success += (self.apply_momentum(param, self.moments[i], ops.cast(lr_eff, param.dtype), grad,
                                             ops.cast(momentum_eff, param.dtype)),)
         ops.assign_add(self.skipped_steps, ops.cast(ops.logical_not(finite), ms.int32))

@@ -1,10 +1,14 @@
 """Per-step hyper-parameter schedules (damping, and validation of learning rates) and refresh rules.
 
 MindSpore users pass a learning rate as a float, a per-step list / NumPy array / 1-D Tensor, or a
-``nn.LearningRateSchedule`` cell. :func:`as_schedule` accepts the same forms for any other
-hyper-parameter (the damping) and returns a cell that maps the step counter to a float32 scalar.
-A per-step sequence holds its last value once the step runs past its end.
+``nn.LearningRateSchedule`` cell. :func:`check_learning_rate` accepts what ``nn.Momentum`` accepts
+(values >= 0, so warm-up schedules that start at 0 work). :func:`as_schedule` accepts the same forms
+for any other hyper-parameter (the damping, > 0) and returns a cell that maps the step counter to a
+float32 scalar. A per-step sequence holds its last value once the step runs past its end.
 """
+import collections.abc
+import numbers
+
 import numpy as np
 
 import mindspore as ms
@@ -12,7 +16,7 @@ from mindspore import nn, ops, Parameter, Tensor
 
 from .. import _validate
 
-__all__ = ["as_schedule", "as_unit_schedule", "check_positive_schedule", "ConstantSchedule", "PerStepSchedule",
+__all__ = ["as_schedule", "as_unit_schedule", "check_learning_rate", "check_positive_schedule", "ConstantSchedule", "PerStepSchedule",
            "polynomial_lr", "rescaled_momentum", "FixedInterval", "StaleIntervals", "GrowingInterval"]
 
 
@@ -77,6 +81,40 @@ def check_positive_schedule(name, value):
                              f"got min {np.min(values)!r}")
         return value
     return _validate.positive_float(name, value)
+
+
+def check_learning_rate(name, value):
+    """Validate a learning rate by ``nn.Momentum``'s rules; returns it in a form ``nn.Optimizer`` takes.
+
+    Accepted, as ``nn.Optimizer`` accepts them: a finite float or int >= 0 (returned as float); a
+    scalar Tensor >= 0; a non-empty 1-D list, tuple, NumPy array, Tensor or other iterable of finite
+    values >= 0 (a list, ``nn.warmup_lr`` / ``nn.cosine_decay_lr`` output, a model-zoo table starting at
+    ``lr_init=0``); a ``nn.LearningRateSchedule`` (any Cell: its values are only known at run time). A
+    step whose learning rate is 0 changes no weight, as with ``nn.Momentum``. Negative or non-finite
+    values, which ``nn.Optimizer`` lets through for sequences, raise ValueError here; other types
+    raise TypeError.
+    """
+    if isinstance(value, nn.Cell):
+        return value
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return _validate.non_negative_float(name, value)
+    if isinstance(value, (str, bytes, dict)) or not isinstance(value, (Tensor, np.ndarray, collections.abc.Iterable)):
+        raise TypeError(f"{name} must be a float >= 0, a per-step list/array/1-D Tensor of values >= 0 or a "
+                        f"LearningRateSchedule, got {type(value).__name__} {value!r}")
+    if not isinstance(value, (Tensor, np.ndarray, list, tuple)):
+        value = list(value)                                   # a generator or another iterable, once
+    values = _sequence_values(value)
+    if values.ndim > 1 or values.size == 0 or not np.issubdtype(values.dtype, np.number) \
+            or np.issubdtype(values.dtype, np.bool_):
+        raise ValueError(f"{name} as a sequence must be a non-empty 1-D list/array/Tensor of numbers, "
+                         f"got shape {values.shape} dtype {values.dtype}")
+    if not np.all(np.isfinite(values)) or np.any(values < 0):
+        bad = int(np.argmax(~np.isfinite(values) | (values < 0))) if values.ndim else 0
+        raise ValueError(f"every value of {name} must be a finite number >= 0, got {values.reshape(-1)[bad]!r} "
+                         f"at step {bad}")
+    if values.ndim == 0:
+        return float(values) if not isinstance(value, Tensor) else value
+    return value
 
 
 def as_schedule(value, name):

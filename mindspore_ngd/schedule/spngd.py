@@ -39,9 +39,10 @@ def polynomial_lr(lr_init, total_steps, power=2.0, warmup_steps=0, end_lr=0.0):
 
 
 def rescaled_momentum(momentum, learning_rates):
-    """Per-step momentum ``momentum * lr_t / max(lr)`` for the given per-step learning rates."""
+    """Per-step momentum ``momentum * lr_t / max(lr)`` for the given per-step learning rates (>= 0, as
+    ``nn.Momentum`` accepts them; a warm-up step at lr 0 gets momentum 0)."""
     momentum = _validate.float_in_range("momentum", momentum, 0.0, 1.0, high_inclusive=True)
     lrs = np.asarray(learning_rates, np.float64).reshape(-1)
-    if lrs.size == 0 or not np.all(np.isfinite(lrs)) or np.any(lrs <= 0):
-        raise ValueError("learning_rates must be a non-empty sequence of finite values > 0")
+    if lrs.size == 0 or not np.all(np.isfinite(lrs)) or np.any(lrs < 0) or lrs.max() <= 0:
+        raise ValueError("learning_rates must be a non-empty sequence of finite values >= 0, not all 0")
     return (momentum * lrs / lrs.max()).astype(np.float32)

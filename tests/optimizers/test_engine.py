@@ -130,8 +130,23 @@ def make(seed=0, kind="kfac"):
     return net, opt
 
 
-@pytest.mark.parametrize("kind", ["kfac", "spngd"])
-def test_checkpoint_round_trip_resumes_bit_identically(tmp_path, kind):
+def _state(net, opt):
+    """Every weight and every optimizer Parameter, plus the capture scratch buffers, as host copies."""
+    state = {p.name: p.asnumpy().copy() for p in list(net.get_parameters()) + list(opt.get_parameters())}
+    for block in list(opt.blocks) + list(opt.norm_blocks):
+        for attr in ("a_batch", "g_batch", "f_batch"):
+            buffer = getattr(block.capture, attr, None)
+            if buffer is not None:
+                state[buffer.name] = buffer.asnumpy().copy()
+    return state
+
+
+@pytest.mark.parametrize("kind, when", [("kfac", "before"), ("spngd", "before"), ("kfac", "after"),
+                                        pytest.param("spngd", "after", marks=pytest.mark.slow)])
+def test_checkpoint_round_trip_resumes_bit_identically(tmp_path, kind, when):
+    """Resume from a checkpoint loaded into a fresh net/optimizer, either before its first step or
+    after its training graph was compiled and run (on other data): the continuation, every optimizer
+    state Parameter and the capture buffers equal the uninterrupted run's, bit for bit."""
     batches = [batch(i) for i in range(6)]
     net, opt = make(kind=kind)
     step = train_step(net, opt)
@@ -142,21 +157,33 @@ def test_checkpoint_round_trip_resumes_bit_identically(tmp_path, kind):
     ms.save_checkpoint(opt, opt_ckpt)
     for x, y in batches[3:]:
         step(x, y)
-    uninterrupted = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+    uninterrupted = _state(net, opt)
 
-    # load into a freshly built net/optimizer before its first step (the usual resume flow); see the
-    # README for why loading into an already compiled training graph is not supported
     net2, opt2 = make(seed=123, kind=kind)                       # different initial weights
     step2 = train_step(net2, opt2)
+    if when == "after":                                          # compiled, run, state moved on
+        for i in (10, 11):
+            step2(*batch(i))
     ms.load_param_into_net(net2, ms.load_checkpoint(net_ckpt))
     not_loaded, _ = ms.load_param_into_net(opt2, ms.load_checkpoint(opt_ckpt))
     assert not_loaded == []
     assert opt2.state_counters()["step"] == 3
     for x, y in batches[3:]:
         step2(x, y)
-    resumed = {p.name: p.asnumpy().copy() for p in net2.trainable_params()}
+    resumed = _state(net2, opt2)
+    assert set(resumed) == set(uninterrupted)
     for name, value in uninterrupted.items():
         np.testing.assert_array_equal(resumed[name], value, err_msg=name)
+
+
+def test_capture_buffers_are_not_checkpointed():
+    """The per-step batch buffers carry no state between steps; they stay out of the optimizer's
+    Parameters (and so out of checkpoints and out of ``load_param_into_net``)."""
+    _, opt = make(kind="spngd")
+    names = {p.name for p in opt.get_parameters()}
+    assert not [n for n in names if n.endswith(("a_batch", "g_batch", "f_batch"))]
+    assert "spngd.conv.capture_a" in names and "spngd.bn.capture_f" in names
+    assert opt.blocks[0].capture.a_batch.name == "spngd.conv.a_batch"
 
 
 def test_state_parameter_names_are_deterministic():

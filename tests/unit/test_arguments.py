@@ -12,10 +12,16 @@ from nets import DenseNet
 
 # ------------------------------------------------------------------ shared (K-FAC) arguments and networks
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(learning_rate=0.0), ValueError, r"learning_rate must be a finite number > 0, got 0.0"),
-    (dict(learning_rate=-1e-3), ValueError, r"learning_rate must be a finite number > 0"),
-    (dict(learning_rate=[0.1, -0.1]), ValueError, r"every value of learning_rate must be a finite number > 0"),
-    (dict(learning_rate="0.1"), TypeError, r"learning_rate must be a positive float"),
+    (dict(learning_rate=-1e-3), ValueError, r"learning_rate must be a finite number >= 0, got -0.001"),
+    (dict(learning_rate=float("inf")), ValueError, r"learning_rate must be a finite number >= 0"),
+    (dict(learning_rate=[0.1, -0.1]), ValueError,
+     r"every value of learning_rate must be a finite number >= 0, got -0.1 at step 1"),
+    (dict(learning_rate=np.array([0.0, np.nan])), ValueError, r"every value of learning_rate must be a finite"),
+    (dict(learning_rate=[]), ValueError, r"learning_rate as a sequence must be a non-empty 1-D"),
+    (dict(learning_rate=[[0.1, 0.2]]), ValueError, r"learning_rate as a sequence must be a non-empty 1-D"),
+    (dict(learning_rate="0.1"), TypeError, r"learning_rate must be a float >= 0, a per-step list"),
+    (dict(learning_rate=True), TypeError, r"learning_rate must be a float >= 0"),
+    (dict(learning_rate=None), TypeError, r"learning_rate must be a float >= 0"),
     (dict(damping=0.0), ValueError, r"damping must be a finite number > 0"),
     (dict(damping=float("nan")), ValueError, r"damping must be a finite number > 0"),
     (dict(factor_decay=1.0), ValueError, r"factor_decay must be in \[0.0, 1.0\), got 1.0"),
