@@ -89,7 +89,8 @@ class Guard:
         self.damping_boost = scalar(1.0, "damping.boost")
         self.boost_inverted = scalar(1.0, "damping.boost_inverted")
         self.step_slope = scalar(0.0, "damping.step_slope")          # g_t' delta_t (0: no usable step)
-        self.step_lr = scalar(0.0, "damping.step_lr")                # lr_t, to rebuild delta_t
+        # each parameter's lr_t (parameter groups may differ), to rebuild delta_t = -lr_t v_{t+1}
+        self.step_lr = scalar(np.zeros(self.num_params), "damping.step_lr")
         self.ratio_num = scalar(0.0, "damping.ratio_num")
         self.ratio_den = scalar(0.0, "damping.ratio_den")
         self.nonfinite_run = scalar(0, "nonfinite_run", np.int32)
@@ -133,7 +134,7 @@ class Guard:
         dots = ()
         for i in range(self.num_params):
             dots += ((ops.cast(gradients[i], ms.float32) * ops.cast(self.moments[i], ms.float32)).sum(),)
-        slope_next = -self.step_lr * ops.addn(dots)                  # g_{t+1}' delta_t
+        slope_next = -(self.step_lr * ops.stack(dots)).sum()          # g_{t+1}' delta_t
         slope = self.step_slope
         usable = ops.logical_and(ops.logical_and(finite, slope < 0), ops.isfinite(slope_next))
         decay = self.ratio_decay
@@ -155,12 +156,13 @@ class Guard:
         """Store ``g_t' delta_t`` of the step just taken (after the update ``token``), and check that the
         weights are still finite."""
         if self.adaptive_damping:
-            dots = ()
+            dots, rates = (), ()
             for i in range(self.num_params):
                 moment = ops.depend(self.moments[i], token)
                 dots += ((ops.cast(gradients[i], ms.float32) * ops.cast(moment, ms.float32)).sum(),)
-            lr = ops.cast(lr, ms.float32)
-            slope = -lr * ops.addn(dots)
+                rates += (ops.cast(self._lr_of(lr, i), ms.float32).reshape(()),)
+            rates = ops.stack(rates)
+            slope = -(rates * ops.stack(dots)).sum()
             ops.assign(self.step_slope, ops.select(finite, slope, ops.zeros_like(slope)))
-            ops.assign(self.step_lr, lr)
+            ops.assign(self.step_lr, rates)
         return token

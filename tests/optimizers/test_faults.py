@@ -1,5 +1,5 @@
-"""Numerical faults never corrupt the weights: a NaN batch is skipped and counted, a NaN or indefinite
-factor keeps the previous inverse.
+"""Numerical faults never corrupt the weights: a NaN batch is skipped and counted (and reported as a
+WARNING), a NaN or indefinite factor keeps the previous inverse.
 
 Elsewhere: bad arguments in tests/unit/test_arguments.py; the inverse paths' own fault flags in
 tests/numerics/test_inverses.py."""
@@ -39,7 +39,9 @@ def test_nan_batch_leaves_weights_finite_and_is_counted():
         assert np.isfinite(a.asnumpy()).all()
     counters = opt.state_counters()
     assert counters["skipped_steps"] == 1
-    assert counters["factor_faults"] >= 1
+    # a step with a non-finite gradient folds nothing: it is one skipped step, not a curvature fault
+    # (a loss-scale overflow looks the same, issue 11)
+    assert counters["factor_faults"] == 0
     assert all(np.isfinite(f).all() for pair in opt.kronecker_factors().values() for f in pair)
     step(Tensor(x), Tensor(y))                               # training goes on
     assert any(not np.array_equal(p.asnumpy(), before[p.name]) for p in net.trainable_params())
