@@ -164,7 +164,7 @@ def _inf_norm(e):
     return ops.amax(ops.abs(e).sum(-1, keepdims=True), -2, keepdims=True)
 
 
-def newton_inverse(sym, total, warm=None, trust_warm=None, steps=NEWTON_STEPS, tolerance=NEWTON_TOLERANCE):
+def newton_inverse(sym, total, warm=None, trust_warm=None, steps=None, tolerance=None):
     """``(inv, converged, warm_used)``: ``(sym + total I)^-1`` of a (D, D) matrix or of each matrix of
     a (nb, s, s) stack by a scaled Newton-Schulz iteration, using matrix products, additions,
     scalings and cheap reductions only.
@@ -188,13 +188,16 @@ def newton_inverse(sym, total, warm=None, trust_warm=None, steps=NEWTON_STEPS, t
       rate ``(b - total) / (b + total)``: ``X_0 = W`` with the interval ``[1 - rho, 1 + rho]`` (``M W``
       is similar to the symmetric ``M^1/2 W M^1/2``, so its eigenvalues are real).
 
-    ``steps`` products ``M X`` and ``steps`` updates are unrolled (the first product is free: ``M / b``
+    ``steps`` (default :data:`NEWTON_STEPS`) products ``M X`` and ``steps`` updates are unrolled (the first product is free: ``M / b``
     cold, reused from the residual warm). ``converged`` is True when every matrix's
-    ``||I - gamma R||_F`` of the last step is finite and below ``tolerance``; the returned iterate's
+    ``||I - gamma R||_F`` of the last step is finite and below ``tolerance`` (default
+    :data:`NEWTON_TOLERANCE`); the returned iterate's
     residual is its square (in exact arithmetic), so the relative error of ``inv`` in the Frobenius
     norm is at most ``tolerance^2``. An indefinite ``sym`` (an eigenvalue below ``-total``) makes the
     iteration diverge and fails the test.
     """
+    steps = NEWTON_STEPS if steps is None else steps
+    tolerance = NEWTON_TOLERANCE if tolerance is None else tolerance
     eye = _identity_like(sym)
     m = sym + total * eye
     bound = _inf_norm(m)
