@@ -14,6 +14,10 @@ Why the inversion is guarded the way it is (measured on MindSpore 2.10, docs/cpu
   result check catches. ``method="lu"`` uses it.
 * ``mindspore.scipy.linalg.eigh`` (2-D only) clamps negative eigenvalues to zero and so tolerates a
   slightly indefinite factor: ``method="eigh"`` is the robust (and slowest) path.
+* ``method="newton"`` needs no factorisation at all: a scaled Newton-Schulz iteration made of
+  matrix products, additions and scalings only (:func:`newton_inverse`), warm-started from the
+  layer's previous inverse when that provably converges. It never raises either; a run that did not
+  converge is reported through ``ok``.
 * Batched (3-D) ``ops.CholeskyInverse`` returns wrong values on CPU: it is not used anywhere.
 
 A dense factor and THOR's block-split factor (:mod:`.blocks`) are inverted by the same function:
@@ -26,14 +30,28 @@ import mindspore as ms
 from mindspore import ops
 import mindspore.scipy.linalg as msla
 
-__all__ = ["INVERSE_METHODS", "DEVICE_INVERSE_METHODS", "DAMPING_SPLITS", "sanitize", "split_damping", "trace_jitter", "damped_inverse"]
+__all__ = ["INVERSE_METHODS", "INVERSE_METHOD_CHOICES", "DEVICE_INVERSE_METHODS", "DAMPING_SPLITS",
+           "NEWTON_STEPS", "NEWTON_TOLERANCE", "resolve_inverse_method", "sanitize", "split_damping",
+           "trace_jitter", "damped_inverse", "newton_inverse"]
 
-INVERSE_METHODS = ("cholesky", "lu", "eigh")
+INVERSE_METHODS = ("cholesky", "lu", "eigh", "newton")
+INVERSE_METHOD_CHOICES = ("auto",) + INVERSE_METHODS
 DAMPING_SPLITS = ("pi", "sqrt")
 
-# per ``mindspore.get_context("device_target")``: the inversion path whose every operator MindSpore
-# documents for that device ("Supported Platforms" of the installed docstrings)
-DEVICE_INVERSE_METHODS = {"Ascend": "lu", "GPU": "lu", "CPU": "cholesky"}
+# per ``mindspore.get_context("device_target")``: the path ``inverse_method="auto"`` resolves to. Every
+# operator of each path is documented for its device ("Supported Platforms" of the installed
+# docstrings). Why these (docs/algorithms.md, "Which path on which device"):
+# - CPU: Cholesky, the fastest measured here (benchmarks/inverse_cost.py); the golden tests pin it.
+# - GPU: LU (ops.MatrixInverse), documented for GPU, a direct method with no iteration count to
+#   tune, and about 2 D^3 flops against (2 NEWTON_STEPS - 1) D^3 for the iteration.
+# - Ascend: the Newton-Schulz iteration: MatMul/BatchMatMul run on the AI Core's cube units, while
+#   MatrixInverse's only kernel registration in the installed package is an AI CPU one
+#   (mindspore/ops/_op_impl/aicpu/matrix_inverse.py).
+DEVICE_INVERSE_METHODS = {"Ascend": "newton", "GPU": "lu", "CPU": "cholesky"}
+
+# Newton-Schulz: unrolled iteration count and convergence tolerance (see newton_inverse)
+NEWTON_STEPS = 12
+NEWTON_TOLERANCE = 0.25
 
 # relative slack of the Cauchy-Schwarz test |m_ij| <= sqrt(m_ii m_jj) for float32 rounding
 _CS_RELATIVE_SLACK = 1e-3
@@ -41,6 +59,25 @@ _CS_RELATIVE_SLACK = 1e-3
 
 def _trace(m):
     return ops.trace(m)
+
+
+def resolve_inverse_method(method, device_target=None):
+    """The inversion path for ``method``: itself when named, else (``"auto"``) the entry of
+    :data:`DEVICE_INVERSE_METHODS` for ``device_target`` (default: ``mindspore.get_context("device_target")``).
+
+    Raises:
+        ValueError: ``method`` is not one of :data:`INVERSE_METHOD_CHOICES`, or ``"auto"`` on a
+            device without an entry.
+    """
+    if not isinstance(method, str) or method not in INVERSE_METHOD_CHOICES:
+        raise ValueError(f"inverse_method must be one of {list(INVERSE_METHOD_CHOICES)}, got {method!r}")
+    if method != "auto":
+        return method
+    device = device_target if device_target is not None else ms.get_context("device_target")
+    if device not in DEVICE_INVERSE_METHODS:
+        raise ValueError(f"inverse_method='auto' has no path for device_target {device!r}; name one of "
+                         f"{list(INVERSE_METHODS)}")
+    return DEVICE_INVERSE_METHODS[device]
 
 
 def sanitize(m):
@@ -117,7 +154,82 @@ def _eigh_inverse(sym, total):
     return ops.stack(invs, 0), indefinite
 
 
-def damped_inverse(blocks, shift, method, jitter_shift):
+def _frobenius(e):
+    """Frobenius norm of each matrix of ``e``, shaped (1, 1) or (nb, 1, 1) to broadcast."""
+    return ops.sqrt((e * e).sum((-2, -1), keepdims=True))
+
+
+def _inf_norm(e):
+    """Maximum absolute row sum of each matrix of ``e``, shaped (1, 1) or (nb, 1, 1)."""
+    return ops.amax(ops.abs(e).sum(-1, keepdims=True), -2, keepdims=True)
+
+
+def newton_inverse(sym, total, warm=None, trust_warm=None, steps=None, tolerance=None):
+    """``(inv, converged, warm_used)``: ``(sym + total I)^-1`` of a (D, D) matrix or of each matrix of
+    a (nb, s, s) stack by a scaled Newton-Schulz iteration, using matrix products, additions,
+    scalings and cheap reductions only.
+
+    With ``M = sym + total I`` and ``R_k = M X_k``, one step is
+
+        gamma_k = 2 / (l_k + u_k),   X_{k+1} = gamma_k X_k (2 I - gamma_k R_k),
+
+    where ``[l_k, u_k]`` encloses the eigenvalues of ``R_k``. Then ``I - R_{k+1} = (I - gamma_k R_k)^2``
+    (Schulz 1933; it converges iff the spectral radius of ``I - gamma_0 R_0`` is below 1), and the
+    scaling centres the interval on 1, so that ``[l, u]`` maps onto ``[1 - c^2, 1]`` with
+    ``c = (u - l) / (u + l)``: in the first phase the smallest eigenvalue grows about 4x per step
+    instead of 2x (the acceleration of Pan & Schreiber 1991). The interval follows in scalars.
+
+    Start (per matrix of the stack):
+
+    * cold: ``X_0 = I / b`` with ``b = ||M||_inf >= lambda_max(M)`` (Gershgorin), so the eigenvalues of
+      ``R_0 = M / b`` lie in ``[total / b, 1]`` when ``sym`` is positive semi-definite;
+    * warm, only if ``trust_warm`` and the residual ``rho = min(||I - M W||_F, ||I - M W||_inf)`` of
+      the previous inverse ``W`` (a bound on the spectral radius) is finite and below the cold start's
+      rate ``(b - total) / (b + total)``: ``X_0 = W`` with the interval ``[1 - rho, 1 + rho]`` (``M W``
+      is similar to the symmetric ``M^1/2 W M^1/2``, so its eigenvalues are real).
+
+    ``steps`` (default :data:`NEWTON_STEPS`) products ``M X`` and ``steps`` updates are unrolled (the first product is free: ``M / b``
+    cold, reused from the residual warm). ``converged`` is True when every matrix's
+    ``||I - gamma R||_F`` of the last step is finite and below ``tolerance`` (default
+    :data:`NEWTON_TOLERANCE`); the returned iterate's
+    residual is its square (in exact arithmetic), so the relative error of ``inv`` in the Frobenius
+    norm is at most ``tolerance^2``. An indefinite ``sym`` (an eigenvalue below ``-total``) makes the
+    iteration diverge and fails the test.
+    """
+    steps = NEWTON_STEPS if steps is None else steps
+    tolerance = NEWTON_TOLERANCE if tolerance is None else tolerance
+    eye = _identity_like(sym)
+    m = sym + total * eye
+    bound = _inf_norm(m)
+    low = total / bound
+    one = ops.ones_like(low)
+    x, r, lower, upper = eye / bound, m / bound, low, one
+    warm_used = ops.zeros_like(low) > 1
+    if warm is not None:
+        r_warm = _matmul(m, warm)
+        residual = eye - r_warm
+        rho = ops.minimum(_frobenius(residual), _inf_norm(residual))
+        use = ops.logical_and(ops.isfinite(rho), rho < (1 - low) / (1 + low))
+        if trust_warm is not None:
+            use = ops.logical_and(use, trust_warm)
+        wide = ops.broadcast_to(use, x.shape)
+        x, r = ops.select(wide, warm, x), ops.select(wide, r_warm, r)
+        lower, upper = ops.select(use, 1 - rho, lower), ops.select(use, 1 + rho, upper)
+        warm_used = use
+    for k in range(steps):
+        gamma = 2 / (lower + upper)
+        rate = (upper - lower) / (upper + lower)
+        r = r * gamma
+        x = _matmul(x * gamma, 2 * eye - r)
+        lower, upper = 1 - rate * rate, one
+        if k < steps - 1:
+            r = _matmul(m, x)
+    last = _frobenius(eye - r)
+    converged = ops.logical_and(ops.isfinite(last).all(), (last < tolerance).all())
+    return (x + _transposed(x)) * 0.5, converged, warm_used
+
+
+def damped_inverse(blocks, shift, method, jitter_shift, warm=None, trust_warm=None):
     """``(inv, ok)`` with ``inv = (sym(blocks) + (shift + jitter_shift) I)^-1``.
 
     ``blocks`` is one sanitized (D, D) factor or a (nb, s, s) stack of its diagonal blocks
@@ -125,13 +237,15 @@ def damped_inverse(blocks, shift, method, jitter_shift):
     both go through the same code. ``jitter_shift`` is :func:`trace_jitter` of the full factor,
     shared by all blocks. ``ok`` is False when the result is not finite or has a non-positive
     diagonal (the inverse of an SPD matrix has a positive diagonal); with ``method="eigh"`` also
-    when an eigenvalue lies below ``-1e-4 * max |eigenvalue|`` (an indefinite factor).
+    when an eigenvalue lies below ``-1e-4 * max |eigenvalue|`` (an indefinite factor); with
+    ``method="newton"`` also when the iteration did not converge (:func:`newton_inverse`, which
+    may start from ``warm``, the previous inverse of the same shape, if ``trust_warm``).
     """
     if method not in INVERSE_METHODS:
         raise ValueError(f"unknown inverse method {method!r}; expected one of {INVERSE_METHODS}")
     sym = (blocks + _transposed(blocks)) * 0.5
     total = shift + jitter_shift
-    indefinite = ops.zeros((), ms.bool_)
+    failed = ops.zeros((), ms.bool_)
     if blocks.shape[-1] == 1:           # scalar blocks (a one-output layer's G): MatrixInverse rejects 1x1
         inv = 1.0 / (sym + total)
     elif method == "cholesky":
@@ -141,7 +255,11 @@ def damped_inverse(blocks, shift, method, jitter_shift):
     elif method == "lu":
         inv = ops.MatrixInverse()(sym + total * _identity_like(blocks))
         inv = (inv + _transposed(inv)) * 0.5
+    elif method == "newton":
+        usable = warm is not None and tuple(warm.shape) == tuple(blocks.shape)
+        inv, converged, _ = newton_inverse(sym, total, warm if usable else None, trust_warm)
+        failed = ops.logical_not(converged)
     else:
-        inv, indefinite = _eigh_inverse(sym, total)
+        inv, failed = _eigh_inverse(sym, total)
     ok = ops.logical_and(ops.isfinite(inv).all(), (ops.diagonal(inv, 0, -2, -1) > 0).all())
-    return inv, ops.logical_and(ok, ops.logical_not(indefinite))
+    return inv, ops.logical_and(ok, ops.logical_not(failed))

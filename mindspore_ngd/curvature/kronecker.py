@@ -57,6 +57,8 @@ class KroneckerBlock(nn.Cell):
 
     def __init__(self, spec, prefix, weight_index, bias_index, owned=True, split_dim=None, loss_scale=1.0,
                  traces=False, damping_split="pi", inverse_method="cholesky", jitter=1e-6, sums_gradient=False):
+        if inverse_method not in inv_ops.INVERSE_METHODS:       # "auto" is resolved by the optimizer
+            raise ValueError(f"inverse_method must be one of {list(inv_ops.INVERSE_METHODS)}, got {inverse_method!r}")
         super().__init__(auto_prefix=False)
         self.spec = spec
         self.damping_split = damping_split
@@ -128,14 +130,20 @@ class KroneckerBlock(nn.Cell):
 
     def refreshed(self, state, ready, damping, inverses):
         """``(A inverse, G inverse, taken, fault)``: new damped inverses if ``ready`` and every check
-        passes (factors plausibly PSD, results finite with a positive diagonal), else the old ones."""
+        passes (factors plausibly PSD, results finite with a positive diagonal, the Newton-Schulz
+        iteration converged), else the old ones.
+
+        ``inverses`` is ``(A inverse, G inverse[, has-inverse flag])`` as stored. ``inverse_method="newton"``
+        may warm-start from them, but only when the flag says they are real inverses (before the
+        first accepted refresh they are the initial identity) and their residual shows convergence."""
         a_safe, a_valid = inv_ops.sanitize(state[0])
         g_safe, g_valid = inv_ops.sanitize(state[1])
         a_shift, g_shift = inv_ops.split_damping(a_safe, g_safe, damping, self.damping_split)
+        trusted = inverses[2] if len(inverses) > 2 else ops.zeros((), ms.bool_)
         a_inv, a_ok = inv_ops.damped_inverse(to_blocks(a_safe, self.a_layout), a_shift, self.inverse_method,
-                                             inv_ops.trace_jitter(a_safe, self.jitter))
+                                             inv_ops.trace_jitter(a_safe, self.jitter), inverses[0], trusted)
         g_inv, g_ok = inv_ops.damped_inverse(to_blocks(g_safe, self.g_layout), g_shift, self.inverse_method,
-                                             inv_ops.trace_jitter(g_safe, self.jitter))
+                                             inv_ops.trace_jitter(g_safe, self.jitter), inverses[1], trusted)
         ok = ops.logical_and(ops.logical_and(a_valid, g_valid), ops.logical_and(a_ok, g_ok))
         take = ops.logical_and(ok, ready)
         new_a = ops.select(ops.broadcast_to(take, a_inv.shape), a_inv, inverses[0])

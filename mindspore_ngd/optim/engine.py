@@ -71,7 +71,9 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         factor_decay (float): moving-average decay of the factors in [0, 1); 0 uses each batch alone.
         loss_scale (float): a fixed loss scale (as ``FixedLossScaleManager``); gradients are divided
             by it and G by its square.
-        policy (Policy): refresh rule, damping split, inversion and rescaling choices.
+        policy (Policy): refresh rule, damping split, inversion and rescaling choices. Its
+            ``inverse_method="auto"`` is resolved for the current device target when the optimizer is
+            constructed: ``opt.policy`` and ``opt.inverse_method`` hold the path actually built.
         nesterov (bool): Nesterov momentum, as ``nn.Momentum(use_nesterov=...)``.
         decay_filter (callable): ``Parameter -> bool``; default :func:`default_decay_filter`.
         skip_layers (iterable of str): cell names of Dense/Conv2d layers to leave un-preconditioned.
@@ -118,6 +120,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
 
         super().__init__(learning_rate, groups.parameters, weight_decay=0.0, loss_scale=loss_scale)
         self.policy = policy
+        self.inverse_method = policy.inverse_method
         self.layer_specs = tuple(specs)
         self.norm_specs = tuple(norm_specs)
         self.skipped_layers = tuple(skipped)
@@ -373,10 +376,10 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
                 if self.refresh_rule.per_layer:
                     take, fault = ops.zeros((), ms.bool_), ops.zeros((), ms.int32)
                     if ready:
-                        a_inv, g_inv, take, fault = block.refreshed(factors[0][k], ready, damping, (a_inv, g_inv))
+                        a_inv, g_inv, take, fault = block.refreshed(factors[0][k], ready, damping, (a_inv, g_inv, has))
                     inverted = ops.cast(ready, ms.int32)
                 else:
-                    a_inv, g_inv, take, fault = block.refreshed(factors[0][k], ready, damping, (a_inv, g_inv))
+                    a_inv, g_inv, take, fault = block.refreshed(factors[0][k], ready, damping, (a_inv, g_inv, has))
                     inverted = ops.ones((), ms.int32)
                 has = ops.logical_or(has, take)
                 faults = faults + fault

@@ -38,8 +38,10 @@ class KFAC(NGDOptimizer):
         damping_split (str): "pi" or "sqrt". Default "pi".
         kl_clip (Optional[float]): KL-clipping bound > 0, or None. Default 1e-3.
         loss_scale (float): fixed loss scale of the training cell. Default 1.
-        inverse_method (str): "cholesky" (fastest measured on CPU), "lu" or "eigh" (robust). Default
-            "cholesky".
+        inverse_method (str): "auto" (default: the path of the device target when the optimizer is
+            constructed -- CPU "cholesky", GPU "lu", Ascend "newton"; ``opt.inverse_method`` holds the
+            choice), "cholesky" (fastest measured on CPU), "lu", "eigh" (robust) or "newton" (matrix
+            products only, warm-started; see docs/algorithms.md).
         jitter (float): extra damping ``jitter * trace`` for float32 safety (>= 0). Default 1e-6.
         nesterov (bool): Nesterov momentum. Default False.
         decay_filter (callable): ``Parameter -> bool`` choosing weight-decayed parameters; default
@@ -84,7 +86,7 @@ class KFAC(NGDOptimizer):
 
     def __init__(self, network, learning_rate, damping=1e-3, momentum=0.9, weight_decay=0.0,
                  factor_decay=0.95, factor_update_interval=1, inverse_update_interval=20,
-                 damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="cholesky",
+                 damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="auto",
                  jitter=1e-6, nesterov=False, decay_filter=None, skip_layers=(), fisher="empirical", verbose=True,
                  distributed="auto", grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, params=None):

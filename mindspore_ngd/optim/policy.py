@@ -5,7 +5,7 @@ from typing import Optional, Union
 from mindspore import nn
 
 from .. import _validate
-from ..curvature.inverse import DAMPING_SPLITS, INVERSE_METHODS
+from ..curvature.inverse import DAMPING_SPLITS, INVERSE_METHOD_CHOICES, resolve_inverse_method
 from ..parallel.plan import BALANCES
 from ..schedule import check_learning_rate, check_positive_schedule
 from ..schedule.rules import FixedInterval, GrowingInterval, StaleIntervals
@@ -26,7 +26,11 @@ class Policy:
             :class:`~mindspore_ngd.schedule.StaleIntervals` (SP-NGD) or
             :class:`~mindspore_ngd.schedule.GrowingInterval` (THOR, optionally with the trace rule).
         damping_split: "pi" (factored Tikhonov, Martens & Grosse 2015 sec. 6.3) or "sqrt".
-        inverse_method: "cholesky", "lu" or "eigh" (see :mod:`mindspore_ngd.curvature.inverse`).
+        inverse_method: "auto" (default), "cholesky", "lu", "eigh" or "newton" (see
+            :mod:`mindspore_ngd.curvature.inverse`). "auto" is resolved when the optimizer is
+            constructed, from ``mindspore.get_context("device_target")``, through
+            ``mindspore_ngd.curvature.inverse.DEVICE_INVERSE_METHODS`` (CPU: "cholesky", GPU: "lu",
+            Ascend: "newton"); the optimizer's ``policy`` holds the resolved name.
         kl_clip: KL-clipping bound, or None for no rescaling.
         jitter: extra damping ``jitter * trace(factor)`` that keeps float32 Cholesky safe.
         split_dim: invert factors larger than this as block-diagonal with blocks of this size
@@ -47,7 +51,7 @@ class Policy:
     name: str = "kfac"
     refresh: Union[FixedInterval, StaleIntervals, GrowingInterval] = FixedInterval()
     damping_split: str = "pi"
-    inverse_method: str = "cholesky"
+    inverse_method: str = "auto"
     kl_clip: Optional[float] = 1e-3
     jitter: float = 1e-6
     split_dim: Optional[int] = None
@@ -66,7 +70,7 @@ class Policy:
             raise TypeError(f"refresh must be one of {[r.__name__ for r in RULES]}, got {type(self.refresh).__name__}")
         self.refresh.validated()
         _validate.one_of("damping_split", self.damping_split, DAMPING_SPLITS)
-        _validate.one_of("inverse_method", self.inverse_method, INVERSE_METHODS)
+        _validate.one_of("inverse_method", self.inverse_method, INVERSE_METHOD_CHOICES)
         _validate.optional_positive_float("kl_clip", self.kl_clip)
         _validate.non_negative_float("jitter", self.jitter)
         if self.split_dim is not None:
@@ -80,6 +84,13 @@ class Policy:
         _validate.float_in_range("max_damping_boost", self.max_damping_boost, 1.0, float("inf"),
                                  high_inclusive=True)
         return self
+
+    def resolved(self, device_target=None):
+        """The validated policy with ``inverse_method="auto"`` replaced by the path of
+        ``device_target`` (default: the current ``mindspore.get_context("device_target")``)."""
+        policy = self.validated()
+        method = resolve_inverse_method(policy.inverse_method, device_target)
+        return policy if method == policy.inverse_method else dataclasses.replace(policy, inverse_method=method)
 
 
 def default_decay_filter(param):
@@ -104,7 +115,7 @@ def check_arguments(network, learning_rate, damping, momentum, weight_decay, fac
     loss_scale = _validate.positive_float("loss_scale", loss_scale)
     if not isinstance(policy, Policy):
         raise TypeError(f"policy must be a mindspore_ngd.Policy, got {type(policy).__name__}")
-    policy = policy.validated()
+    policy = policy.resolved()
     if decay_filter is not None and not callable(decay_filter):
         raise TypeError("decay_filter must be a callable Parameter -> bool")
     _validate.one_of("balance", balance, BALANCES)

@@ -58,7 +58,8 @@ class SPNGD(NGDOptimizer):
         kl_clip (Optional[float]): KL-clipping bound > 0, or None. Default 1e-3 (the paper uses none;
             without it SP-NGD and K-FAC diverge on the digits CNN at lr 0.05, damping 1e-2).
         loss_scale (float): fixed loss scale of the training cell. Default 1.
-        inverse_method (str): "cholesky", "lu" or "eigh". Default "cholesky".
+        inverse_method (str): "auto" (default: the device target's path, as :class:`KFAC`),
+            "cholesky", "lu", "eigh" or "newton".
         jitter (float): extra damping ``jitter * trace`` for float32 safety. Default 1e-6.
         nesterov (bool): Nesterov momentum. Default False.
         decay_filter (callable): ``Parameter -> bool``; default decays parameters with 2+ dimensions.
@@ -95,7 +96,7 @@ class SPNGD(NGDOptimizer):
 
     def __init__(self, network, learning_rate, damping=1e-3, momentum=0.9, weight_decay=0.0, factor_decay=0.9,
                  stale=True, refresh_threshold=0.1, max_interval=64, batchnorm_damping=1e-3, fisher="empirical",
-                 damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="cholesky", jitter=1e-6,
+                 damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="auto", jitter=1e-6,
                  nesterov=False, decay_filter=None, skip_layers=(), verbose=True, distributed="auto",
                  grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, params=None):

@@ -54,7 +54,8 @@ class THOR(NGDOptimizer):
     Extra arguments: ``split_dim`` (int >= 1 or None, default 128), ``trace_threshold`` (float > 0 or
     None, default None), ``frequency_growth`` (float >= 1, default 1), ``max_frequency`` (int or
     None), ``damping_split`` ("sqrt"), ``factor_decay`` (0: each refresh uses its own batch),
-    ``kl_clip`` (None), ``inverse_method`` ("cholesky" or "lu"), ``jitter`` (1e-6), ``verbose``, and the
+    ``kl_clip`` (None), ``inverse_method`` ("auto": the device target's path, as :class:`mindspore_ngd.KFAC`; or
+    "cholesky", "lu", "eigh", "newton"), ``jitter`` (1e-6), ``verbose``, and the
     distributed knobs ``distributed`` ("auto"), ``grad_worker_fraction`` (None: 1/N) and ``balance``
     ("compute"; ownership balanced on the block-split inversion cost), and ``params`` (parameter groups as
     ``nn.Momentum``'s, see :mod:`mindspore_ngd.optim.groups`), as :class:`mindspore_ngd.NGDOptimizer`. Distributed with ``trace_threshold``, the batch traces are
@@ -69,7 +70,7 @@ class THOR(NGDOptimizer):
                  batch_size=None, use_nesterov=False, decay_filter=_decay_all, split_indices=None,
                  enable_clip_grad=False, frequency=100, split_dim=128, trace_threshold=None,
                  frequency_growth=1.0, max_frequency=None, damping_split="sqrt", factor_decay=0.0,
-                 kl_clip=None, inverse_method="cholesky", jitter=1e-6, verbose=True, distributed="auto",
+                 kl_clip=None, inverse_method="auto", jitter=1e-6, verbose=True, distributed="auto",
                  grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, params=None):
         if batch_size is not None:
