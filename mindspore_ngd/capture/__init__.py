@@ -28,7 +28,7 @@ from ..curvature import factors
 from .control import CaptureControl
 
 __all__ = ["LayerSpec", "LayerCapture", "NormSpec", "NormCapture", "CaptureControl", "find_layers",
-           "find_batchnorms", "attach", "detach", "never_captured",
+           "find_batchnorms", "attach", "detach", "never_captured", "UNSEEN",
            "DENSE_CLASSES", "CONV_CLASSES", "LAYER_CLASSES"]
 
 _ATTR = "_ngd_capture"

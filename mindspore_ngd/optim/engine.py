@@ -25,6 +25,7 @@ graph); run-time branches are single-level; the batch statistics are read after 
 (data dependency on a value computed from every gradient); a branch never returns an empty tuple
 (MindSpore miscounts its outputs).
 """
+import functools
 import logging
 
 import numpy as np
@@ -38,9 +39,9 @@ from ..curvature.unitwise import UnitBatchNormBlock
 from ..parallel import comm as parallel_comm
 from ..parallel.exchange import DistributedExchange, LocalExchange
 from ..schedule import as_schedule, as_unit_schedule
-from .layers import discover, parameter_roles
+from .layers import discover, parameter_roles, plain_layers
 from .policy import Policy, check_arguments, default_decay_filter
-from .report import Inspection
+from .report import Inspection, report_invisible
 from .update import Update
 
 __all__ = ["NGDOptimizer"]
@@ -68,8 +69,13 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
         nesterov (bool): Nesterov momentum, as ``nn.Momentum(use_nesterov=...)``.
         decay_filter (callable): ``Parameter -> bool``; default :func:`default_decay_filter`.
         skip_layers (iterable of str): cell names of Dense/Conv2d layers to leave un-preconditioned.
-        verbose (bool): log one line naming the preconditioned and the plain-update layers (and,
-            distributed, one naming the collectives).
+        verbose (bool): log one INFO line naming the preconditioned layers and the plain-update
+            parameters (and, distributed, one naming the collectives). The WARNING line naming every
+            non-normalisation layer left to the plain update, with its reason, is logged either way.
+        strict (bool): a preconditioned layer that captures nothing on its first capture step (its
+            construct is never called, e.g. ``out_proj`` of ``nn.MultiheadAttention``, or its output
+            never reaches the loss) raises a RuntimeError naming it; False (default) demotes it to the
+            plain update with a WARNING.
         distributed: "auto" (default) -- distributed when ``mindspore.communication`` is initialised
             with more than one rank and the parallel mode is ``DATA_PARALLEL`` (single-device
             behaviour otherwise); True -- distributed, raising if communication is not initialised or
@@ -85,10 +91,12 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
     def __init__(self, network, learning_rate, damping=1e-3, momentum=0.9, weight_decay=0.0,
                  factor_decay=0.95, loss_scale=1.0, policy=Policy(), nesterov=False,
                  decay_filter=None, skip_layers=(), verbose=True, distributed="auto", grad_worker_fraction=None,
-                 balance="compute"):
+                 balance="compute", strict=False):
         learning_rate, momentum, weight_decay, factor_decay, loss_scale, policy = check_arguments(
             network, learning_rate, damping, momentum, weight_decay, factor_decay, loss_scale, policy, decay_filter,
             balance)
+        if not isinstance(strict, bool):
+            raise TypeError(f"strict must be a bool, got {type(strict).__name__}")
         params = list(network.trainable_params())
         if not params:
             raise ValueError("network has no trainable parameters (all requires_grad=False?): "
@@ -147,8 +155,14 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
                                            requires_grad=False)
         attach(cells, [b.capture for b in self.blocks])
         attach(norm_cells, [b.capture for b in self.norm_blocks])
-        if verbose:
-            self._log_layers()
+        handled = {n for s in specs for n in (s.weight_name, s.bias_name) if n} \
+            | {n for s in norm_specs for n in (s.gamma_name, s.beta_name)}
+        self.plain_layers, self.normalisation_layers = plain_layers(network, handled, skipped)
+        self.strict = bool(strict)
+        # called from the compiled step (JIT fallback) on the step that demotes invisible layers
+        self._report_invisible = functools.partial(report_invisible, type(self).__name__,
+                                                   tuple(s.name for s in specs), self.strict)
+        self._log_layers(verbose)
 
     # ------------------------------------------------------------------ the step
     def construct(self, gradients):
@@ -164,9 +178,12 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
         # fold the statistics captured in this step's forward/backward pass (one run-time branch)
         factors = self._stored_factors()
         refreshed, changes = self._nothing_refreshed(), -ops.ones((self._change_size(),), ms.float32)
+        invisible = ops.zeros((self.num_layers,), ms.bool_)
         if self.capture_control.any():
-            factors, refreshed, changes = self._folded(factors, finite)
+            factors, refreshed, changes, invisible = self._folded(factors, finite)
         self._store_factors(factors)
+        if invisible.any():                               # layers demoted this step: warn, or raise if strict
+            self._report_invisible(invisible)
 
         # refresh the inverses the rule says are due
         damping = self.damping(self.global_step)          # read in the main graph
@@ -212,10 +229,18 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
         return (layers, self.factor_faults, norms) if self.num_norms else (layers, self.factor_faults)
 
     def _folded(self, state, token):
-        """(new factor state, per-layer flag 'A or G of this layer was taken', relative changes)."""
-        a_batches, g_batches, f_batches = (), (), ()
-        for block in self.blocks:
-            a_batch, g_batch = block.batch(token)
+        """(new factor state, per-layer flag 'A or G of this layer was taken', relative changes,
+        per-layer flag 'demoted this step').
+
+        A layer whose captured statistic still holds the UNSEEN mark is demoted (see
+        :class:`~mindspore_ngd.curvature.kronecker.KroneckerBlock`): it is judged on this rank's own
+        buffers, before any reduction, so every rank decides alike (the capture runs the same graph on
+        every rank) without a collective."""
+        a_batches, g_batches, f_batches, unseen = (), (), (), ()
+        for k in range(self.num_layers):
+            a_batch, g_batch = self.blocks[k].batch(token)
+            take_a, take_g = self.capture_control.layer_flags(k)
+            unseen += (self.blocks[k].unseen(a_batch, g_batch, take_a, take_g),)
             a_batches += (a_batch,)
             g_batches += (g_batch,)
         for block in self.norm_blocks:
@@ -224,13 +249,17 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
                                                                                  token)
         track = self.policy.refresh.track_changes
         zero = ops.zeros((), ms.float32)
-        folded, outcomes = (), ()
+        folded, outcomes, demoted, newly = (), (), (), ()
         for k in range(self.num_layers):
             block = self.blocks[k]
+            was = state[0][k][4]
+            demoted += (ops.logical_or(was, unseen[k]),)
+            newly += (ops.logical_and(unseen[k], ops.logical_not(was)),)
             if block.owned:
                 take_a, take_g = self.capture_control.layer_flags(k)
-                a, g, outcome = block.fold(state[0][k], a_batches[k], g_batches[k], take_a, take_g,
-                                           self.factor_decay, track)
+                keep = ops.logical_not(demoted[k])
+                a, g, outcome = block.fold(state[0][k], a_batches[k], g_batches[k], ops.logical_and(take_a, keep),
+                                           ops.logical_and(take_g, keep), self.factor_decay, track)
             else:
                 a, g, outcome = state[0][k][0], state[0][k][1], (zero,) * (6 if track else 4)
             folded += ((a, g),)
@@ -243,15 +272,16 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
             counts, outcome = state[0][k], outcomes[k]
             took_a, took_g = outcome[0] > 0.5, outcome[1] > 0.5
             layers += ((folded[k][0], folded[k][1], counts[2] + ops.cast(took_a, ms.int32),
-                        counts[3] + ops.cast(took_g, ms.int32)),)
+                        counts[3] + ops.cast(took_g, ms.int32), demoted[k]),)
             refreshed += (ops.logical_or(took_a, took_g),)
             faults = faults + ops.cast(outcome[2] + outcome[3] + 0.5, ms.int32)
             if track:
                 a_changes += (outcome[4],)
                 g_changes += (outcome[5],)
         changes = ops.stack(a_changes + g_changes) if track else -ops.ones((1,), ms.float32)
+        newly = ops.stack(newly)
         if not self.num_norms:
-            return (layers, faults), refreshed, changes
+            return (layers, faults), refreshed, changes, newly
         norms, norm_changes = (), ()
         for j in range(self.num_norms):
             folded_norm, rejected, change = self.norm_blocks[j].fold(
@@ -261,7 +291,7 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
             faults = faults + rejected
         if track:
             changes = ops.concat((changes, ops.stack(norm_changes)))
-        return (layers, faults, norms), refreshed, changes
+        return (layers, faults, norms), refreshed, changes, newly
 
     def _store_factors(self, state):
         for k in range(self.num_layers):
@@ -332,9 +362,11 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
             if block.owned:
                 own += (block.precondition(inverses[0][k], block.gradient(gradients)),)
         matrices = self.exchange.gather(own, factors[1])
-        dots = ()
+        # a demoted layer's update is the plain one: outside the KL budget and never rescaled
+        dots, zero, one = (), ops.zeros((), ms.float32), ops.ones((), ms.float32)
         for k in range(self.num_layers):
-            dots += ((matrices[k] * self.blocks[k].gradient(gradients)).sum(),)
+            dot = (matrices[k] * self.blocks[k].gradient(gradients)).sum()
+            dots += (ops.select(factors[0][k][4], zero, dot),)
         pairs = ()
         for j in range(self.num_norms):
             block = self.norm_blocks[j]
@@ -349,8 +381,8 @@ class NGDOptimizer(Inspection, Update, nn.Optimizer):
         nu = ops.minimum(ops.sqrt(self.policy.kl_clip / ops.select(usable, vg, ops.ones_like(vg))), 1.0)
         nu = ops.select(usable, nu, ops.ones_like(nu))
         scaled, scaled_pairs = (), ()
-        for matrix in matrices:
-            scaled += (matrix * nu,)
+        for k in range(self.num_layers):
+            scaled += (matrices[k] * ops.select(factors[0][k][4], one, nu),)
         for pair in pairs:
             scaled_pairs += ((pair[0] * nu, pair[1] * nu),)
         return scaled, scaled_pairs

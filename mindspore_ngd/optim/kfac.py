@@ -52,6 +52,9 @@ class KFAC(NGDOptimizer):
             docs/distributed.md.
         grad_worker_fraction: fraction of the ranks that own each layer (``k/N``); None is ``1/N``.
         balance (str): "compute" (default) or "memory": what the layer ownership balances.
+        strict (bool): raise a RuntimeError when a preconditioned layer captures nothing on its first
+            capture step (its construct is never called, e.g. ``out_proj`` of
+            ``nn.MultiheadAttention``); False (default) demotes it to the plain update with a WARNING.
 
     Inputs:
         - **gradients** (tuple[Tensor]) - gradients of ``network.trainable_params()``.
@@ -74,7 +77,7 @@ class KFAC(NGDOptimizer):
                  factor_decay=0.95, factor_update_interval=1, inverse_update_interval=20,
                  damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="cholesky",
                  jitter=1e-6, nesterov=False, decay_filter=None, skip_layers=(), fisher="empirical", verbose=True,
-                 distributed="auto", grad_worker_fraction=None, balance="compute"):
+                 distributed="auto", grad_worker_fraction=None, balance="compute", strict=False):
         policy = Policy(name="kfac", refresh=FixedInterval(factor_update_interval, inverse_update_interval),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip, jitter=jitter,
                         fisher=fisher)
@@ -82,4 +85,4 @@ class KFAC(NGDOptimizer):
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=nesterov, decay_filter=decay_filter,
                          skip_layers=skip_layers, verbose=verbose, distributed=distributed,
-                         grad_worker_fraction=grad_worker_fraction, balance=balance)
+                         grad_worker_fraction=grad_worker_fraction, balance=balance, strict=strict)

@@ -67,6 +67,9 @@ class SPNGD(NGDOptimizer):
             docs/distributed.md.
         grad_worker_fraction: fraction of the ranks that own each layer (``k/N``); None is ``1/N``.
         balance (str): "compute" (default) or "memory": what the layer ownership balances.
+        strict (bool): raise a RuntimeError when a preconditioned layer captures nothing on its first
+            capture step (its construct is never called, e.g. ``out_proj`` of
+            ``nn.MultiheadAttention``); False (default) demotes it to the plain update with a WARNING.
 
     State (Parameters, checkpointed): ``spngd.intervals``, ``spngd.next_refresh`` and
     ``spngd.refreshes`` are int32 vectors over :attr:`statistic_names` (A of every layer, G of every
@@ -85,7 +88,7 @@ class SPNGD(NGDOptimizer):
                  stale=True, refresh_threshold=0.1, max_interval=64, batchnorm_damping=1e-3, fisher="empirical",
                  damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="cholesky", jitter=1e-6,
                  nesterov=False, decay_filter=None, skip_layers=(), verbose=True, distributed="auto",
-                 grad_worker_fraction=None, balance="compute"):
+                 grad_worker_fraction=None, balance="compute", strict=False):
         floor = _validate.non_negative_float("weight_decay", weight_decay)
         policy = Policy(name="spngd", refresh=StaleIntervals(refresh_threshold, max_interval, stale),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip,
@@ -94,4 +97,4 @@ class SPNGD(NGDOptimizer):
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=nesterov, decay_filter=decay_filter,
                          skip_layers=skip_layers, verbose=verbose, distributed=distributed,
-                         grad_worker_fraction=grad_worker_fraction, balance=balance)
+                         grad_worker_fraction=grad_worker_fraction, balance=balance, strict=strict)

@@ -54,7 +54,8 @@ class THOR(NGDOptimizer):
     Extra arguments: ``split_dim`` (int >= 1 or None, default 128), ``trace_threshold`` (float > 0 or
     None, default None), ``frequency_growth`` (float >= 1, default 1), ``max_frequency`` (int or
     None), ``damping_split`` ("sqrt"), ``factor_decay`` (0: each refresh uses its own batch),
-    ``kl_clip`` (None), ``inverse_method`` ("cholesky" or "lu"), ``jitter`` (1e-6), ``verbose``, and the
+    ``kl_clip`` (None), ``inverse_method`` ("cholesky" or "lu"), ``jitter`` (1e-6), ``verbose``, ``strict``
+    (False: a layer that captures nothing is demoted to the plain update with a WARNING), and the
     distributed knobs ``distributed`` ("auto"), ``grad_worker_fraction`` (None: 1/N) and ``balance``
     ("compute"; ownership balanced on the block-split inversion cost), as
     :class:`mindspore_ngd.NGDOptimizer`. Distributed with ``trace_threshold``, the batch traces are
@@ -70,7 +71,7 @@ class THOR(NGDOptimizer):
                  enable_clip_grad=False, frequency=100, split_dim=128, trace_threshold=None,
                  frequency_growth=1.0, max_frequency=None, damping_split="sqrt", factor_decay=0.0,
                  kl_clip=None, inverse_method="cholesky", jitter=1e-6, verbose=True, distributed="auto",
-                 grad_worker_fraction=None, balance="compute"):
+                 grad_worker_fraction=None, balance="compute", strict=False):
         if batch_size is not None:
             _validate.positive_int("batch_size", batch_size)
         if split_indices is not None and not isinstance(split_indices, (list, tuple)):
@@ -84,4 +85,5 @@ class THOR(NGDOptimizer):
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=use_nesterov, decay_filter=decay_filter, verbose=verbose,
-                         distributed=distributed, grad_worker_fraction=grad_worker_fraction, balance=balance)
+                         distributed=distributed, grad_worker_fraction=grad_worker_fraction, balance=balance,
+                         strict=strict)
