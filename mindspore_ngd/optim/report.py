@@ -67,8 +67,11 @@ class Inspection:
         floats = sum(s.a_dim ** 2 + s.g_dim ** 2 for s in self.layer_specs)
         lines.append(f"{len(self.layer_specs)} preconditioned layers, {floats:,} floats per factor set "
                      f"({4 * floats / 2 ** 20:.1f} MiB; factors, inverses and batch buffers hold 3 sets)")
-        for name, reason in self.skipped_layers:
-            lines.append(f"not preconditioned: {name} ({reason})")
+        for reason, cell in self.plain_layers:
+            lines.append(f"not preconditioned: {cell} ({reason})")
+        demoted = self.demoted_layers()
+        if demoted:
+            lines.append(f"demoted to the plain update (captured nothing): {', '.join(demoted)}")
         if self.communicator is not None:
             owned = sum(b.spec.a_dim ** 2 + b.spec.g_dim ** 2 for b in self.blocks if b.owned)
             lines.append(f"distributed: rank {self.communicator.rank} of {self.communicator.world_size} owns "
@@ -86,8 +89,8 @@ class Inspection:
             groups = {}
             for reason, cell in self.plain_layers:
                 groups.setdefault(reason, []).append(cell)
-            logger.warning("%s: %d trainable layer(s) not preconditioned, given the plain momentum update "
-                           "instead -- %s", name, len(self.plain_layers),
+            logger.warning("%s: the trainable parameters of %d layer(s) are not preconditioned and get the plain "
+                           "momentum update -- %s", name, len(self.plain_layers),
                            "; ".join(f"{reason}: {', '.join(cells)}" for reason, cells in groups.items()))
         if not verbose:
             return
