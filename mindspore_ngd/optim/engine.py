@@ -5,7 +5,8 @@ One training step, as :meth:`NGDOptimizer.construct` reads:
 1. capture -- done by the network during forward/backward (:mod:`mindspore_ngd.capture`), only for
    the statistics whose capture flag the refresh rule set at the end of the previous step;
 2. fold -- the captured batch statistics enter each block's moving averages (non-finite batches
-   rejected and counted); distributed, they are first reduced to the layers' owners;
+   rejected and counted); distributed, they are first reduced to the layers' owners. A layer whose
+   capture never ran is demoted to the plain update here, with a WARNING (``strict``: an error);
 3. refresh -- the rule says which inverses are due; the owned blocks recompute their damped
    inverses, keeping the last good ones when a check fails;
 4. precondition -- ``G^-1 dW A^-1`` per owned layer and unit-wise BatchNorm, gathered to every rank,

@@ -9,9 +9,10 @@ __all__ = ["KFAC"]
 class KFAC(NGDOptimizer):
     r"""Kronecker-factored approximate curvature optimizer, an ``nn.Optimizer`` for ``Model.train``.
 
-    Each ``nn.Dense`` / ``nn.Conv2d`` layer's Fisher block is approximated by ``A (x) G``, with A the
-    covariance of the layer input (im2col patches for convolutions) and G that of the per-example
-    output gradient, so its inverse needs only the two small damped factors:
+    The Fisher block of each ``nn.Dense``, ``nn.Linear``, ``nn.Conv2d`` and ``mint.nn`` Linear / Conv2d
+    layer is approximated by ``A (x) G``, with A the covariance of the layer input (im2col patches for
+    convolutions) and G that of the per-example output gradient, so its inverse needs only the two
+    small damped factors:
 
     .. math::
         P = (G + \gamma_G I)^{-1}\, \nabla_W L\, (A + \gamma_A I)^{-1}, \qquad
@@ -21,7 +22,8 @@ class KFAC(NGDOptimizer):
     (``damping_split="sqrt"`` uses ``pi = 1``). The update then is optional KL clipping,
     ``P <- nu P`` with ``nu = min(1, sqrt(kl_clip / (lr^2 sum <P, grad>)))``, followed by weight decay and
     ``nn.Momentum``'s update. Other trainable parameters (BatchNorm, LayerNorm, grouped convolutions,
-    embeddings) get the plain momentum update.
+    embeddings, ...) get the plain momentum update; one WARNING line at construction names every
+    such layer that is not a normalisation layer, with the reason.
 
     Args:
         network (nn.Cell): the network to train. Its Dense/Conv2d cells capture factors in place;
@@ -47,7 +49,9 @@ class KFAC(NGDOptimizer):
         fisher (str): "empirical" (G from the training labels, default) or "mc" (G from labels sampled
             from the model's predictive distribution; train with
             :class:`mindspore_ngd.MCFisherTrainStep`).
-        verbose (bool): log the preconditioned / plain layers on the "mindspore_ngd" logger.
+        verbose (bool): log the preconditioned layers and plain parameters (INFO) on the
+            "mindspore_ngd" logger; the WARNING line about layers left to the plain update is logged
+            either way.
         distributed: "auto" (default), True or False; see :class:`mindspore_ngd.NGDOptimizer` and
             docs/distributed.md.
         grad_worker_fraction: fraction of the ranks that own each layer (``k/N``); None is ``1/N``.

@@ -189,6 +189,26 @@ def test_demoted_layer_gets_exactly_the_plain_step_under_kl_clip_and_momentum(tm
     assert fresh.demoted_layers() == ["proj"]
 
 
+@pytest.mark.parametrize("make", [
+    lambda net: ngd.SPNGD(net, learning_rate=0.5, momentum=0.0, verbose=False),
+    lambda net: ngd.THOR(net, learning_rate=0.5, damping=1e-3, momentum=0.0, frequency=2, trace_threshold=0.1,
+                         split_dim=2, verbose=False)], ids=["SPNGD", "THOR-trace-split"])
+def test_spngd_and_thor_demote_alike(make):
+    ms.set_seed(1)
+    net = Peeking()
+    opt = make(net)
+    x, y = peeking_batch()
+    before, after, grads, step = one_step(net, opt, x, y)
+    for name in ("proj.weight", "proj.bias"):
+        np.testing.assert_array_equal(after[name], before[name] - np.float32(0.5) * grads[name], err_msg=name)
+    for _ in range(3):                         # per-statistic intervals / trace probes / block split keep going
+        step(Tensor(x), Tensor(y))
+    assert opt.demoted_layers() == ["proj"]
+    counters = opt.state_counters()
+    assert counters["factor_faults"] == counters["inverse_faults"] == counters["skipped_steps"] == 0
+    assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
+
+
 def test_strict_raises_naming_the_layer():
     net = Peeking()
     opt = ngd.KFAC(net, learning_rate=0.1, strict=True, verbose=False)
