@@ -1,11 +1,15 @@
 """Inspection helpers: the Kronecker factors of one batch, without an optimizer."""
+import logging
+
 import numpy as np
 
 from mindspore import nn, ops, Tensor
 
-from .capture import LayerCapture, attach, current_capture, detach, find_layers
+from .capture import UNSEEN, LayerCapture, attach, current_capture, detach, find_layers
 
 __all__ = ["kronecker_factors"]
+
+logger = logging.getLogger("mindspore_ngd")
 
 
 class _FactorProbe(nn.Cell):
@@ -30,7 +34,8 @@ def kronecker_factors(network, loss_fn, inputs, labels):
     one batch, no moving average, no damping, G from the gradient of ``loss_fn`` (which must average
     over the batch) with the given labels. Layer names are the cells' names in ``network``. The
     network is left as it was: its training flag, its parameters (BatchNorm statistics included)
-    and any capture an optimizer attached.
+    and any capture an optimizer attached. A layer that captured nothing (its construct is never
+    called, or its output does not reach the loss) is left out of the result, with a WARNING.
     """
     specs, cells, _ = find_layers(network)
     if not specs:
@@ -44,8 +49,16 @@ def kronecker_factors(network, loss_fn, inputs, labels):
     try:
         network.set_train(True)
         _FactorProbe(network, loss_fn, weights)(inputs, labels)
-        result = {spec.name: (np.array(cap.a_batch.asnumpy()), np.array(cap.g_batch.asnumpy()))
-                  for spec, cap in zip(specs, captures)}
+        result, unseen = {}, []
+        for spec, cap in zip(specs, captures):
+            a, g = np.array(cap.a_batch.asnumpy()), np.array(cap.g_batch.asnumpy())
+            if a[0, 0] == UNSEEN or g[0, 0] == UNSEEN:
+                unseen.append(spec.name)
+            else:
+                result[spec.name] = (a, g)
+        if unseen:
+            logger.warning("kronecker_factors: no factors for %s: captured nothing (construct never called, "
+                           "or output not reaching the loss)", ", ".join(unseen))
     finally:
         for cell, old in zip(cells, previous):
             if old is None:

@@ -1,7 +1,9 @@
 """Capture of Kronecker-factor statistics inside the user's own Dense and Conv2d cells.
 
-``attach(network, ...)`` finds the ``nn.Dense`` and ``nn.Conv2d`` cells of a network and turns each
-supported one into a capturing cell *in place*: the cell object, its parameters and their names
+The layers captured: ``nn.Dense``, ``nn.Linear`` (the same class as ``mindspore.mint.nn.Linear``),
+``nn.Conv2d`` and ``mindspore.mint.nn.Conv2d`` (zero padding, ``groups=1``), and subclasses that keep
+their ``construct``. ``find_layers`` returns the supported ones; ``attach`` turns each into a
+capturing cell *in place*: the cell object, its parameters and their names
 stay exactly as they were (``ms.save_checkpoint(net, ...)`` writes the same keys as before), only
 its class becomes a subclass whose ``construct`` also
 
@@ -20,15 +22,24 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from mindspore import nn, ops, Parameter, Tensor
+from mindspore import mint, nn, ops, Parameter, Tensor
 
 from ..curvature import factors
 from .control import CaptureControl
 
 __all__ = ["LayerSpec", "LayerCapture", "NormSpec", "NormCapture", "CaptureControl", "find_layers",
-           "find_batchnorms", "attach", "detach"]
+           "find_batchnorms", "attach", "detach", "never_captured", "UNSEEN",
+           "DENSE_CLASSES", "CONV_CLASSES", "LAYER_CLASSES"]
 
 _ATTR = "_ngd_capture"
+
+# the layer classes find_layers takes, with the kind of factors they get; mint.nn.Linear is nn.Linear
+DENSE_CLASSES = (nn.Dense, nn.Linear)
+CONV_CLASSES = (nn.Conv2d, mint.nn.Conv2d)
+LAYER_CLASSES = DENSE_CLASSES + CONV_CLASSES
+# a batch buffer whose [0, 0] entry is negative was never written by a capture: a real A or G is a
+# Gram matrix, its diagonal is >= 0 (NaN compares False and is left to the fold's finiteness check)
+UNSEEN = -1.0
 
 
 @dataclass(frozen=True)
@@ -57,61 +68,89 @@ def _pair(value):
     return tuple(value) if isinstance(value, (tuple, list)) else (int(value), int(value))
 
 
-def _conv_padding(cell):
+def _base_class(cell):
+    """The supported layer class ``cell`` is an instance of (the original one for a captured cell)."""
+    cls = getattr(type(cell), "_ngd_original_class", type(cell))
+    for base in LAYER_CLASSES:
+        if issubclass(cls, base):
+            return base
+    return None
+
+
+def _conv_geometry(cell):
+    """``(pad_mode, (top, bottom, left, right))`` of an nn.Conv2d or a mint.nn.Conv2d."""
     pad = cell.padding
-    if isinstance(pad, int):
-        return (pad, pad, pad, pad)
-    pad = tuple(pad)
-    return pad if len(pad) == 4 else (pad[0], pad[0], pad[1], pad[1])
+    if isinstance(cell, nn.Conv2d):
+        if isinstance(pad, int):
+            return cell.pad_mode, (pad, pad, pad, pad)
+        pad = tuple(pad)
+        return cell.pad_mode, (pad if len(pad) == 4 else (pad[0], pad[0], pad[1], pad[1]))
+    # mint.nn.Conv2d: "same" / "valid", or (height, width) zero padding on both sides
+    if isinstance(pad, str):
+        return pad, (0, 0, 0, 0)
+    pad_h, pad_w = _pair(pad)
+    return "pad", (pad_h, pad_h, pad_w, pad_w)
 
 
 def _unsupported_reason(cell):
+    base = _base_class(cell)
     if not cell.weight.requires_grad:
         return "weight is not trainable"
-    if isinstance(cell, nn.Conv2d):
-        if type(cell).construct is not nn.Conv2d.construct and not hasattr(cell, _ATTR):
-            return "custom construct"
+    if type(cell).construct is not base.construct and not hasattr(cell, _ATTR):
+        return "custom construct"
+    if base is nn.Conv2d:
         if cell.group != 1:
             return f"group={cell.group} convolution"
         if getattr(cell, "data_format", "NCHW") != "NCHW":
             return f"data_format={cell.data_format}"
-    elif type(cell).construct is not nn.Dense.construct and not hasattr(cell, _ATTR):
-        return "custom construct"
-    if getattr(cell, "has_bias", False) and not cell.bias.requires_grad:
+    elif base is mint.nn.Conv2d:
+        if cell.groups != 1:
+            return f"groups={cell.groups} convolution"
+        if cell.padding_mode != "zeros":
+            return f"padding_mode={cell.padding_mode!r} (only zero padding is captured)"
+    if _bias(cell) is not None and not cell.bias.requires_grad:
         return "bias is not trainable"
     return None
 
 
-def find_layers(network):
-    """Return ``(specs, cells, skipped)`` for the Dense/Conv2d cells of ``network``.
+def _bias(cell):
+    """The layer's bias Parameter, or None (nn.Dense/nn.Conv2d: has_bias; nn.Linear/mint: bias None)."""
+    if hasattr(cell, "has_bias") and not cell.has_bias:
+        return None
+    return getattr(cell, "bias", None)
 
-    ``skipped`` lists ``(name, reason)`` for Dense/Conv2d cells that cannot be preconditioned; their
+
+def find_layers(network):
+    """Return ``(specs, cells, skipped)`` for the Dense/Linear/Conv2d cells of ``network``.
+
+    ``skipped`` lists ``(name, reason)`` for such cells that cannot be preconditioned; their
     parameters get the plain (momentum) update.
     """
     specs, cells, skipped = [], [], []
     for name, cell in network.cells_and_names():
-        if not isinstance(cell, (nn.Dense, nn.Conv2d)) or not name:
-            if isinstance(cell, (nn.Dense, nn.Conv2d)) and not name:
-                skipped.append(("<root>", "the network itself is a single layer; wrap it in a Cell"))
+        if _base_class(cell) is None:
+            continue
+        if not name:
+            skipped.append(("<root>", "the network itself is a single layer; wrap it in a Cell"))
             continue
         reason = _unsupported_reason(cell)
         if reason is not None:
             skipped.append((name, reason))
             continue
-        has_bias = bool(cell.has_bias)
-        bias_name = cell.bias.name if has_bias else None
-        out_dim = cell.weight.shape[0]
-        if isinstance(cell, nn.Dense):
+        bias = _bias(cell)
+        bias_name = None if bias is None else bias.name
+        has_bias = bias is not None
+        w = tuple(cell.weight.shape)
+        if isinstance(cell, DENSE_CLASSES):
             spec = LayerSpec(name=name, kind="dense", weight_name=cell.weight.name, bias_name=bias_name,
-                             weight_shape=tuple(cell.weight.shape),
-                             a_dim=cell.weight.shape[1] + int(has_bias), g_dim=out_dim)
+                             weight_shape=w, a_dim=w[1] + int(has_bias), g_dim=w[0])
         else:
-            w = cell.weight.shape
+            pad_mode, padding = _conv_geometry(cell)
             spec = LayerSpec(name=name, kind="conv2d", weight_name=cell.weight.name, bias_name=bias_name,
-                             weight_shape=tuple(w), a_dim=int(np.prod(w[1:])) + int(has_bias),
-                             g_dim=out_dim, kernel_size=_pair(cell.kernel_size),
+                             weight_shape=w, a_dim=int(np.prod(w[1:])) + int(has_bias),
+                             g_dim=w[0], kernel_size=_pair(cell.kernel_size),
                              stride=_pair(cell.stride)[-2:], dilation=_pair(cell.dilation)[-2:],
-                             pad_mode=cell.pad_mode, padding=_conv_padding(cell))
+                             pad_mode=pad_mode, padding=padding)
         specs.append(spec)
         cells.append(cell)
     return specs, cells, skipped
@@ -129,8 +168,23 @@ def _scratch(cell, attr, param):
     object.__setattr__(cell, attr, param)
 
 
+def _unseen(dim):
+    buffer = np.zeros((dim, dim), np.float32)
+    buffer[0, 0] = UNSEEN
+    return buffer
+
+
+def never_captured(batch):
+    """Whether a batch buffer still holds its initial ``UNSEEN`` mark (a graph-mode bool scalar)."""
+    return batch[0, 0] < 0
+
+
 class LayerCapture(nn.Cell):
     """Batch A and G buffers of one layer, the flags that enable capture, and the G hook.
+
+    The buffers start as zeros with ``UNSEEN`` at ``[0, 0]``: a capture always overwrites that entry
+    with a squared norm (>= 0), so :func:`never_captured` tells a layer whose construct never ran (or
+    whose output never reached the loss) from one that captured zeros.
 
     ``capture_a`` / ``capture_g`` are set for the *next* step, only through the optimizer's
     :class:`CaptureControl`. Parameter names are ``{prefix}.{layer}.a_batch`` etc., deterministic and
@@ -141,10 +195,8 @@ class LayerCapture(nn.Cell):
         super().__init__(auto_prefix=False)
         self.spec = spec
         base = f"{prefix}.{spec.name}"
-        _scratch(self, "a_batch", Parameter(Tensor(np.zeros((spec.a_dim, spec.a_dim), np.float32)),
-                                            name=f"{base}.a_batch", requires_grad=False))
-        _scratch(self, "g_batch", Parameter(Tensor(np.zeros((spec.g_dim, spec.g_dim), np.float32)),
-                                            name=f"{base}.g_batch", requires_grad=False))
+        _scratch(self, "a_batch", Parameter(Tensor(_unseen(spec.a_dim)), name=f"{base}.a_batch", requires_grad=False))
+        _scratch(self, "g_batch", Parameter(Tensor(_unseen(spec.g_dim)), name=f"{base}.g_batch", requires_grad=False))
         self.capture_a = Parameter(Tensor(True), name=f"{base}.capture_a", requires_grad=False)
         self.capture_g = Parameter(Tensor(True), name=f"{base}.capture_g", requires_grad=False)
         self.is_conv = spec.kind == "conv2d"
@@ -337,16 +389,47 @@ class _CapturedConv2d:
         return output
 
 
+class _CapturedLinear:
+    """construct of a capturing nn.Linear / mint.nn.Linear (``ops.Dense`` on the input as rows)."""
+
+    def construct(self, x):
+        if self.training:
+            x_shape = x.shape
+            rows = self._ngd_capture.capture_input(x.reshape(-1, x_shape[-1]))
+            out = self._ngd_capture.grad_hook(self.dense(rows, self.weight, self.bias))
+            return out.reshape(x_shape[:-1] + (out.shape[-1],))
+        return self.dense(x, self.weight, self.bias)
+
+
+class _CapturedMintConv2d:
+    """construct of a capturing mint.nn.Conv2d with zero padding (the same kernel call; an unbatched
+    (C, H, W) input is captured as a batch of one)."""
+
+    def construct(self, x):
+        if self.training:
+            unbatched = len(x.shape) == 3
+            if unbatched:
+                x = x.expand_dims(0)
+            x = self._ngd_capture.capture_input(x)
+            output = self.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+            output = self._ngd_capture.grad_hook(output)
+            if unbatched:
+                output = output.squeeze(0)
+            return output
+        return self.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+_MIXINS = ((nn.Dense, _CapturedDense), (nn.Linear, _CapturedLinear), (nn.Conv2d, _CapturedConv2d),
+           (mint.nn.Conv2d, _CapturedMintConv2d))
 _CLASSES = {}
 
 
 def _captured_class(cls):
-    if issubclass(cls, nn.Dense):
-        mixin = _CapturedDense
-    elif issubclass(cls, nn.Conv2d):
-        mixin = _CapturedConv2d
-    else:
-        mixin = _CapturedBatchNorm
+    mixin = _CapturedBatchNorm
+    for base, captured in _MIXINS:
+        if issubclass(cls, base):
+            mixin = captured
+            break
     if cls not in _CLASSES:
         _CLASSES[cls] = type(f"NGD{cls.__name__}", (mixin, cls), {"_ngd_original_class": cls})
     return _CLASSES[cls]

@@ -18,7 +18,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
-from ..capture import LayerCapture
+from ..capture import LayerCapture, never_captured
 from . import inverse as inv_ops
 from .blocks import BlockLayout, apply_left, apply_right, to_blocks
 from .statistics import fold_statistic
@@ -77,12 +77,13 @@ class KroneckerBlock(nn.Cell):
         self.a_updates = Parameter(Tensor(0, ms.int32), name=f"{base}.A_updates", requires_grad=False)
         self.g_updates = Parameter(Tensor(0, ms.int32), name=f"{base}.G_updates", requires_grad=False)
         self.has_inverse = Parameter(Tensor(False), name=f"{base}.has_inverse", requires_grad=False)
+        self.demoted = Parameter(Tensor(False), name=f"{base}.demoted", requires_grad=False)
         self.capture = LayerCapture(spec, prefix, loss_scale, traces, sums_gradient)
 
     # ------------------------------------------------------------------ factors
     def factors(self):
-        """(A, G, A update count, G update count) as stored."""
-        return self.a_factor, self.g_factor, self.a_updates, self.g_updates
+        """(A, G, A update count, G update count, demoted) as stored."""
+        return self.a_factor, self.g_factor, self.a_updates, self.g_updates, self.demoted
 
     def factor(self, which):
         return self.g_factor if which else self.a_factor
@@ -96,6 +97,12 @@ class KroneckerBlock(nn.Cell):
         dependency the read saw the previous step's G -- measured, MindSpore 2.10 CPU)."""
         return ops.depend(self.capture.a_batch, token), ops.depend(self.capture.g_batch, token)
 
+    def unseen(self, a_batch, g_batch, take_a, take_g):
+        """Whether this capture step shows the layer invisible: a statistic captured this step (its
+        flag set) whose buffer still holds the initial UNSEEN mark (a bool scalar)."""
+        return ops.logical_or(ops.logical_and(take_a, never_captured(a_batch)),
+                              ops.logical_and(take_g, never_captured(g_batch)))
+
     def batch_trace(self, which):
         return self.capture.g_trace if which else self.capture.a_trace
 
@@ -103,7 +110,7 @@ class KroneckerBlock(nn.Cell):
         """Fold the batch factors captured this step (``take_a``/``take_g``: the capture flags) into the averages: ``(new A, new G, outcome)`` with
         ``outcome`` = (A taken, G taken, A rejected, G rejected, A change, G change) as float32
         scalars (changes only with ``track_changes``)."""
-        a_factor, g_factor, a_updates, g_updates = state
+        a_factor, g_factor, a_updates, g_updates = state[:4]
         a, a_count, a_bad, a_change = fold_statistic(a_factor, a_updates, a_batch, take_a, decay, track_changes)
         g, g_count, g_bad, g_change = fold_statistic(g_factor, g_updates, g_batch, take_g, decay, track_changes)
         outcome = (ops.cast(a_count - a_updates, ms.float32), ops.cast(g_count - g_updates, ms.float32),
@@ -117,6 +124,7 @@ class KroneckerBlock(nn.Cell):
         ops.assign(self.g_factor, state[1])
         ops.assign(self.a_updates, state[2])
         ops.assign(self.g_updates, state[3])
+        ops.assign(self.demoted, state[4])
 
     # ------------------------------------------------------------------ inverses
     def inverses(self):

@@ -5,7 +5,8 @@ One training step, as :meth:`NGDOptimizer.construct` reads:
 1. capture -- done by the network during forward/backward (:mod:`mindspore_ngd.capture`), only for
    the statistics whose capture flag the refresh rule set at the end of the previous step;
 2. fold -- the captured batch statistics enter each block's moving averages (non-finite batches
-   rejected and counted); distributed, they are first reduced to the layers' owners;
+   rejected and counted); distributed, they are first reduced to the layers' owners. A layer whose
+   capture never ran is demoted to the plain update here, with a WARNING (``strict``: an error);
 3. refresh -- the rule says which inverses are due; the owned blocks recompute their damped
    inverses, keeping the last good ones when a check fails;
 4. precondition -- ``G^-1 dW A^-1`` per owned layer and unit-wise BatchNorm, gathered to every rank,
@@ -26,6 +27,7 @@ optimizer); run-time branches are single-level; the batch statistics are read af
 (data dependency on a value computed from every gradient); a branch never returns an empty tuple
 (MindSpore miscounts its outputs).
 """
+import functools
 import logging
 
 import numpy as np
@@ -42,10 +44,10 @@ from ..parallel import comm as parallel_comm
 from ..parallel.exchange import DistributedExchange, LocalExchange
 from ..schedule import as_schedule, as_unit_schedule
 from .groups import parse_groups
-from .layers import discover, parameter_roles
+from .layers import discover, parameter_roles, plain_layers
 from .policy import Policy, check_arguments, default_decay_filter
 from .guard import Guard
-from .report import Inspection
+from .report import Inspection, report_invisible
 from .update import Update
 
 __all__ = ["NGDOptimizer"]
@@ -77,8 +79,13 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         nesterov (bool): Nesterov momentum, as ``nn.Momentum(use_nesterov=...)``.
         decay_filter (callable): ``Parameter -> bool``; default :func:`default_decay_filter`.
         skip_layers (iterable of str): cell names of Dense/Conv2d layers to leave un-preconditioned.
-        verbose (bool): log one line naming the preconditioned and the plain-update layers (and,
-            distributed, one naming the collectives).
+        verbose (bool): log one INFO line naming the preconditioned layers and the plain-update
+            parameters (and, distributed, one naming the collectives). The WARNING line naming every
+            non-normalisation layer left to the plain update, with its reason, is logged either way.
+        strict (bool): a preconditioned layer that captures nothing on its first capture step (its
+            construct is never called, e.g. ``out_proj`` of ``nn.MultiheadAttention``, or its output
+            never reaches the loss) raises a RuntimeError naming it; False (default) demotes it to the
+            plain update with a WARNING.
         distributed: "auto" (default) -- distributed when ``mindspore.communication`` is initialised
             with more than one rank and the parallel mode is ``DATA_PARALLEL`` (single-device
             behaviour otherwise); True -- distributed, raising if communication is not initialised or
@@ -103,11 +110,13 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
     def __init__(self, network, learning_rate, damping=1e-3, momentum=0.9, weight_decay=0.0,
                  factor_decay=0.95, loss_scale=1.0, policy=Policy(), nesterov=False,
                  decay_filter=None, skip_layers=(), verbose=True, distributed="auto", grad_worker_fraction=None,
-                 balance="compute", divergence_patience=10, params=None):
+                 balance="compute", divergence_patience=10, params=None, strict=False):
         learning_rate, momentum, weight_decay, factor_decay, loss_scale, policy = check_arguments(
             network, learning_rate, damping, momentum, weight_decay, factor_decay, loss_scale, policy, decay_filter,
             balance)
         divergence_patience = _validate.positive_int("divergence_patience", divergence_patience)
+        if not isinstance(strict, bool):
+            raise TypeError(f"strict must be a bool, got {type(strict).__name__}")
         if not list(network.trainable_params()):
             raise ValueError("network has no trainable parameters (all requires_grad=False?): "
                              "nothing to optimise")
@@ -179,8 +188,14 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         self._build_guard(prefix, policy.adaptive_damping, divergence_patience, policy.max_damping_boost, 0.9)
         attach(cells, [b.capture for b in self.blocks])
         attach(norm_cells, [b.capture for b in self.norm_blocks])
-        if verbose:
-            self._log_layers()
+        handled = {n for s in specs for n in (s.weight_name, s.bias_name) if n} \
+            | {n for s in norm_specs for n in (s.gamma_name, s.beta_name)}
+        self.plain_layers, self.normalisation_layers = plain_layers(network, handled, skipped)
+        self.strict = bool(strict)
+        # called from the compiled step (JIT fallback) on the step that demotes invisible layers
+        self._report_invisible = functools.partial(report_invisible, type(self).__name__,
+                                                   tuple(s.name for s in specs), self.strict)
+        self._log_layers(verbose)
 
     # ------------------------------------------------------------------ the step
     def construct(self, gradients):
@@ -203,11 +218,14 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
             # every step, so that THOR's trace probes between folds see the current scale too
             measured, valid = probe.measure(probe.probe(finite), gradients)
             scale = ops.select(ops.logical_and(finite, valid), measured, scale)
+        invisible = ops.zeros((self.num_layers,), ms.bool_)
         if self.capture_control.any():
-            factors, refreshed, changes, scale = self._folded(factors, finite, gradients, scale)
+            factors, refreshed, changes, scale, invisible = self._folded(factors, finite, gradients, scale)
         self._store_factors(factors)
         if probe is not None:
             ops.assign(probe.scale_seen, scale)
+        if invisible.any():                               # layers demoted this step: warn, or raise if strict
+            self._report_invisible(invisible)
 
         # refresh the inverses the rule says are due
         damping = self._damping(self.damping(self.global_step))          # read in the main graph
@@ -268,16 +286,23 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
 
     def _folded(self, state, finite, gradients, scale):
         """(new factor state, per-layer flag 'A or G of this layer was taken', relative changes, loss
-        scale seen).
+        scale seen, per-layer flag 'demoted this step').
 
         A step with a non-finite gradient (a loss-scale overflow, or divergence) folds nothing and is
         no fault of the curvature: it is counted once, as a skipped step. G and the unit-wise Fishers
         are unscaled by the loss scale measured in this step (:mod:`mindspore_ngd.capture.loss_scale`),
-        or the last one measured when this step's cannot be."""
+        or the last one measured when this step's cannot be.
+
+        A layer whose captured statistic still holds the UNSEEN mark is demoted (see
+        :class:`~mindspore_ngd.curvature.kronecker.KroneckerBlock`): it is judged on this rank's own
+        buffers, before any reduction, so every rank decides alike (the capture runs the same graph on
+        every rank) without a collective."""
         token = finite
-        a_batches, g_batches, f_batches = (), (), ()
-        for block in self.blocks:
-            a_batch, g_batch = block.batch(token)
+        a_batches, g_batches, f_batches, unseen = (), (), (), ()
+        for k in range(self.num_layers):
+            a_batch, g_batch = self.blocks[k].batch(token)
+            take_a, take_g = self.capture_control.layer_flags(k)
+            unseen += (self.blocks[k].unseen(a_batch, g_batch, take_a, take_g),)
             a_batches += (a_batch,)
             g_batches += (g_batch,)
         for block in self.norm_blocks:
@@ -300,13 +325,17 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
             g_batches, f_batches = unscaled, unscaled_f
         track = self.policy.refresh.track_changes
         zero = ops.zeros((), ms.float32)
-        folded, outcomes = (), ()
+        folded, outcomes, demoted, newly = (), (), (), ()
         for k in range(self.num_layers):
             block = self.blocks[k]
+            was = state[0][k][4]
+            demoted += (ops.logical_or(was, unseen[k]),)
+            newly += (ops.logical_and(unseen[k], ops.logical_not(was)),)
             if block.owned:
-                flag_a, flag_g = self.capture_control.layer_flags(k)
-                a, g, outcome = block.fold(state[0][k], a_batches[k], g_batches[k], ops.logical_and(flag_a, finite),
-                                           ops.logical_and(flag_g, finite), self.factor_decay, track)
+                take_a, take_g = self.capture_control.layer_flags(k)
+                keep = ops.logical_and(ops.logical_not(demoted[k]), finite)
+                a, g, outcome = block.fold(state[0][k], a_batches[k], g_batches[k], ops.logical_and(take_a, keep),
+                                           ops.logical_and(take_g, keep), self.factor_decay, track)
             else:
                 a, g, outcome = state[0][k][0], state[0][k][1], (zero,) * (6 if track else 4)
             folded += ((a, g),)
@@ -319,15 +348,16 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
             counts, outcome = state[0][k], outcomes[k]
             took_a, took_g = outcome[0] > 0.5, outcome[1] > 0.5
             layers += ((folded[k][0], folded[k][1], counts[2] + ops.cast(took_a, ms.int32),
-                        counts[3] + ops.cast(took_g, ms.int32)),)
+                        counts[3] + ops.cast(took_g, ms.int32), demoted[k]),)
             refreshed += (ops.logical_or(took_a, took_g),)
             faults = faults + ops.cast(outcome[2] + outcome[3] + 0.5, ms.int32)
             if track:
                 a_changes += (outcome[4],)
                 g_changes += (outcome[5],)
         changes = ops.stack(a_changes + g_changes) if track else -ops.ones((1,), ms.float32)
+        newly = ops.stack(newly)
         if not self.num_norms:
-            return (layers, faults), refreshed, changes, scale
+            return (layers, faults), refreshed, changes, scale, newly
         norms, norm_changes = (), ()
         for j in range(self.num_norms):
             folded_norm, rejected, change = self.norm_blocks[j].fold(
@@ -338,7 +368,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
             faults = faults + rejected
         if track:
             changes = ops.concat((changes, ops.stack(norm_changes)))
-        return (layers, faults, norms), refreshed, changes, scale
+        return (layers, faults, norms), refreshed, changes, scale, newly
 
     def _store_factors(self, state):
         for k in range(self.num_layers):
@@ -409,9 +439,11 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
             if block.owned:
                 own += (block.precondition(inverses[0][k], block.gradient(gradients)),)
         matrices = self.exchange.gather(own, factors[1])
-        dots = ()
+        # a demoted layer's update is the plain one: outside the KL budget and never rescaled
+        dots, zero, one = (), ops.zeros((), ms.float32), ops.ones((), ms.float32)
         for k in range(self.num_layers):
-            dots += ((matrices[k] * self.blocks[k].gradient(gradients)).sum(),)
+            dot = (matrices[k] * self.blocks[k].gradient(gradients)).sum()
+            dots += (ops.select(factors[0][k][4], zero, dot),)
         pairs = ()
         for j in range(self.num_norms):
             block = self.norm_blocks[j]
@@ -426,8 +458,8 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         nu = ops.minimum(ops.sqrt(self.policy.kl_clip / ops.select(usable, vg, ops.ones_like(vg))), 1.0)
         nu = ops.select(usable, nu, ops.ones_like(nu))
         scaled, scaled_pairs = (), ()
-        for matrix in matrices:
-            scaled += (matrix * nu,)
+        for k in range(self.num_layers):
+            scaled += (matrices[k] * ops.select(factors[0][k][4], one, nu),)
         for pair in pairs:
             scaled_pairs += ((pair[0] * nu, pair[1] * nu),)
         return scaled, scaled_pairs

@@ -9,9 +9,10 @@ __all__ = ["KFAC"]
 class KFAC(NGDOptimizer):
     r"""Kronecker-factored approximate curvature optimizer, an ``nn.Optimizer`` for ``Model.train``.
 
-    Each ``nn.Dense`` / ``nn.Conv2d`` layer's Fisher block is approximated by ``A (x) G``, with A the
-    covariance of the layer input (im2col patches for convolutions) and G that of the per-example
-    output gradient, so its inverse needs only the two small damped factors:
+    The Fisher block of each ``nn.Dense``, ``nn.Linear``, ``nn.Conv2d`` and ``mint.nn`` Linear / Conv2d
+    layer is approximated by ``A (x) G``, with A the covariance of the layer input (im2col patches for
+    convolutions) and G that of the per-example output gradient, so its inverse needs only the two
+    small damped factors:
 
     .. math::
         P = (G + \gamma_G I)^{-1}\, \nabla_W L\, (A + \gamma_A I)^{-1}, \qquad
@@ -21,7 +22,8 @@ class KFAC(NGDOptimizer):
     (``damping_split="sqrt"`` uses ``pi = 1``). The update then is optional KL clipping,
     ``P <- nu P`` with ``nu = min(1, sqrt(kl_clip / (lr^2 sum <P, grad>)))``, followed by weight decay and
     ``nn.Momentum``'s update. Other trainable parameters (BatchNorm, LayerNorm, grouped convolutions,
-    embeddings) get the plain momentum update.
+    embeddings, ...) get the plain momentum update; one WARNING line at construction names every
+    such layer that is not a normalisation layer, with the reason.
 
     Args:
         network (nn.Cell): the network to train. Its Dense/Conv2d cells capture factors in place;
@@ -50,7 +52,9 @@ class KFAC(NGDOptimizer):
         fisher (str): "empirical" (G from the training labels, default) or "mc" (G from labels sampled
             from the model's predictive distribution; train with
             :class:`mindspore_ngd.MCFisherTrainStep`).
-        verbose (bool): log the preconditioned / plain layers on the "mindspore_ngd" logger.
+        verbose (bool): log the preconditioned layers and plain parameters (INFO) on the
+            "mindspore_ngd" logger; the WARNING line about layers left to the plain update is logged
+            either way.
         distributed: "auto" (default), True or False; see :class:`mindspore_ngd.NGDOptimizer` and
             docs/distributed.md.
         grad_worker_fraction: fraction of the ranks that own each layer (``k/N``); None is ``1/N``.
@@ -66,6 +70,9 @@ class KFAC(NGDOptimizer):
             the preconditioned step (KL clipping uses each parameter's own lr); its weight decay is
             added after preconditioning; gradient centralization acts on the final direction. See
             :mod:`mindspore_ngd.optim.groups`. None (default): every trainable parameter, one group.
+        strict (bool): raise a RuntimeError when a preconditioned layer captures nothing on its first
+            capture step (its construct is never called, e.g. ``out_proj`` of
+            ``nn.MultiheadAttention``); False (default) demotes it to the plain update with a WARNING.
 
     Inputs:
         - **gradients** (tuple[Tensor]) - gradients of ``network.trainable_params()``.
@@ -89,7 +96,7 @@ class KFAC(NGDOptimizer):
                  damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="auto",
                  jitter=1e-6, nesterov=False, decay_filter=None, skip_layers=(), fisher="empirical", verbose=True,
                  distributed="auto", grad_worker_fraction=None, balance="compute",
-                 adaptive_damping=True, divergence_patience=10, params=None):
+                 adaptive_damping=True, divergence_patience=10, params=None, strict=False):
         policy = Policy(name="kfac", refresh=FixedInterval(factor_update_interval, inverse_update_interval),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip, jitter=jitter,
                         fisher=fisher, adaptive_damping=adaptive_damping)
@@ -98,4 +105,4 @@ class KFAC(NGDOptimizer):
                          policy=policy, nesterov=nesterov, decay_filter=decay_filter,
                          skip_layers=skip_layers, verbose=verbose, distributed=distributed,
                          grad_worker_fraction=grad_worker_fraction, balance=balance,
-                         divergence_patience=divergence_patience, params=params)
+                         divergence_patience=divergence_patience, params=params, strict=strict)

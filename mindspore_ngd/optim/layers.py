@@ -1,7 +1,16 @@
 """Which layers of a network the optimizer preconditions, and where their parameters sit."""
+from mindspore import mint, nn
+
 from ..capture import find_batchnorms, find_layers
 
-__all__ = ["discover", "parameter_roles"]
+__all__ = ["discover", "parameter_roles", "plain_layers", "NORM_CLASSES"]
+
+_NORM_NAMES = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "LayerNorm", "LayerNormExt",
+               "GroupNorm", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d")
+# normalisation layers: their scale and shift get the plain update by design (K-FAC, THOR; SP-NGD
+# preconditions BatchNorm unit-wise), so they are reported at INFO level, not warned about
+NORM_CLASSES = tuple({getattr(module, name) for module in (nn, mint.nn) for name in _NORM_NAMES
+                      if isinstance(getattr(module, name, None), type)})
 
 
 def discover(network, skip_layers, unit_batchnorm):
@@ -46,3 +55,38 @@ def parameter_roles(params, specs, norm_specs):
         norm_roles[index[s.gamma_name]] = (j, 0)
         norm_roles[index[s.beta_name]] = (j, 1)
     return tuple(roles), tuple(norm_roles), index
+
+
+def plain_layers(network, handled, skipped):
+    """The cells that own trainable parameters the optimizer does not precondition, with a reason.
+
+    Args:
+        network: the network.
+        handled: names of the parameters a Kronecker or unit-wise block preconditions.
+        skipped: ``(name, reason)`` from :func:`discover`.
+
+    Returns ``(unexpected, normalisation)``: ``unexpected`` is a list of ``(reason, cell name)`` for the
+    warning (layers of an unsupported type, layers :func:`discover` skipped, parameters of custom cells
+    or of the network itself); ``normalisation`` lists the normalisation cells whose scale and shift
+    get the plain update by design. Only cells owning a trainable parameter that no block handles
+    appear (a fully frozen layer has nothing to update).
+    """
+    reasons = dict(skipped)
+    unexpected, normalisation = [], []
+    for name, cell in network.cells_and_names():
+        own = [p for p in cell.get_parameters(expand=False) if p.requires_grad and p.name not in handled]
+        if not own:
+            continue
+        cls = type(cell).__name__
+        if name in reasons or (not name and "<root>" in reasons):
+            unexpected.append((reasons[name or "<root>"], name or "<root>"))
+        elif isinstance(cell, NORM_CLASSES):
+            normalisation.append(name)
+        elif not name:
+            unexpected.append(("parameters owned by the network itself",
+                               ", ".join(p.name for p in own)))
+        elif type(cell).__module__.startswith("mindspore."):
+            unexpected.append(("layer type not preconditioned", f"{name} ({cls})"))
+        else:
+            unexpected.append(("custom cell with its own parameters", f"{name} ({cls})"))
+    return unexpected, normalisation

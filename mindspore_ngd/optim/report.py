@@ -1,7 +1,9 @@
 """What an optimizer can tell about itself, read on the Python side (``asnumpy``), never in a graph."""
 import logging
 
-__all__ = ["Inspection"]
+import numpy as np
+
+__all__ = ["Inspection", "report_invisible"]
 
 logger = logging.getLogger("mindspore_ngd")
 
@@ -66,8 +68,11 @@ class Inspection:
         floats = sum(s.a_dim ** 2 + s.g_dim ** 2 for s in self.layer_specs)
         lines.append(f"{len(self.layer_specs)} preconditioned layers, {floats:,} floats per factor set "
                      f"({4 * floats / 2 ** 20:.1f} MiB; factors, inverses and batch buffers hold 3 sets)")
-        for name, reason in self.skipped_layers:
-            lines.append(f"not preconditioned: {name} ({reason})")
+        for reason, cell in self.plain_layers:
+            lines.append(f"not preconditioned: {cell} ({reason})")
+        demoted = self.demoted_layers()
+        if demoted:
+            lines.append(f"demoted to the plain update (captured nothing): {', '.join(demoted)}")
         if self.communicator is not None:
             owned = sum(b.spec.a_dim ** 2 + b.spec.g_dim ** 2 for b in self.blocks if b.owned)
             lines.append(f"distributed: rank {self.communicator.rank} of {self.communicator.world_size} owns "
@@ -75,15 +80,45 @@ class Inspection:
                          "factor set (the others hold 1x1 placeholders; batch buffers stay whole)")
         return "\n".join(lines)
 
-    def _log_layers(self):
-        """One INFO line naming the preconditioned and the plain-update layers (and, distributed, one
-        naming the collectives)."""
+    def _log_layers(self, verbose):
+        """At construction: one WARNING line naming every layer whose trainable parameters get the plain
+        update although it is not a normalisation layer, grouped by reason (always emitted); with
+        ``verbose``, one INFO line naming the preconditioned layers and the plain-update parameters
+        (and, distributed, one naming the collectives)."""
+        name = type(self).__name__
+        if self.plain_layers:
+            groups = {}
+            for reason, cell in self.plain_layers:
+                groups.setdefault(reason, []).append(cell)
+            logger.warning("%s: the trainable parameters of %d layer(s) are not preconditioned and get the plain "
+                           "momentum update -- %s", name, len(self.plain_layers),
+                           "; ".join(f"{reason}: {', '.join(cells)}" for reason, cells in groups.items()))
+        if not verbose:
+            return
         plain = [p.name for i, p in enumerate(self._parameters) if self._roles[i][0] < 0 and self._norm_roles[i][0] < 0]
         norms = f"; unit-wise BatchNorm: {', '.join(s.name for s in self.norm_specs)}" if self.norm_specs else ""
-        skipped = ("; not preconditioned: " + ", ".join(f"{n} ({r})" for n, r in self.skipped_layers)
-                   if self.skipped_layers else "")
         logger.info("%s: preconditioning %d layers [%s]; plain momentum update for %d parameters [%s]%s",
-                    type(self).__name__, len(self.layer_specs), ", ".join(s.name for s in self.layer_specs),
-                    len(plain), ", ".join(plain), skipped + norms)
+                    name, len(self.layer_specs), ", ".join(s.name for s in self.layer_specs),
+                    len(plain), ", ".join(plain), norms)
         if self.communicator is not None:
-            logger.info("%s: %s", type(self).__name__, self.communicator.describe())
+            logger.info("%s: %s", name, self.communicator.describe())
+
+    def demoted_layers(self):
+        """Names of the preconditioned layers demoted to the plain update because a capture step found
+        them invisible (their construct never ran, or their output never reached the loss)."""
+        return [b.spec.name for b in self.blocks if bool(b.demoted.asnumpy())]
+
+
+def report_invisible(owner, names, strict, flags):
+    """Host side of the step that demoted layers (called from the compiled step through MindSpore's
+    JIT fallback): a WARNING naming them, or with ``strict`` a RuntimeError."""
+    found = [name for name, flag in zip(names, np.asarray(flags).reshape(-1)) if flag]
+    what = (f"{owner}: {len(found)} preconditioned layer(s) captured no statistics on their first capture "
+            f"step: {', '.join(found)}. Their construct is never called (e.g. nn.MultiheadAttention reads "
+            "out_proj.weight directly) or their output does not reach the loss, so their Kronecker factors "
+            "would stay zero and their step be grad/damping")
+    if strict:
+        raise RuntimeError(f"{what}. strict=True: name them in skip_layers to give them the plain update, or "
+                           "use strict=False to demote them automatically")
+    logger.warning("%s; demoted to the plain momentum update (lr * grad, as the other un-preconditioned "
+                   "parameters; strict=True raises instead)", what)

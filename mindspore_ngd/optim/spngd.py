@@ -80,6 +80,9 @@ class SPNGD(NGDOptimizer):
             the preconditioned step (KL clipping uses each parameter's own lr); its weight decay is
             added after preconditioning; gradient centralization acts on the final direction. See
             :mod:`mindspore_ngd.optim.groups`. None (default): every trainable parameter, one group.
+        strict (bool): raise a RuntimeError when a preconditioned layer captures nothing on its first
+            capture step (its construct is never called, e.g. ``out_proj`` of
+            ``nn.MultiheadAttention``); False (default) demotes it to the plain update with a WARNING.
 
     State (Parameters, checkpointed): ``spngd.intervals``, ``spngd.next_refresh`` and
     ``spngd.refreshes`` are int32 vectors over :attr:`statistic_names` (A of every layer, G of every
@@ -99,7 +102,7 @@ class SPNGD(NGDOptimizer):
                  damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="auto", jitter=1e-6,
                  nesterov=False, decay_filter=None, skip_layers=(), verbose=True, distributed="auto",
                  grad_worker_fraction=None, balance="compute",
-                 adaptive_damping=True, divergence_patience=10, params=None):
+                 adaptive_damping=True, divergence_patience=10, params=None, strict=False):
         floor = _validate.non_negative_float("weight_decay", weight_decay)
         policy = Policy(name="spngd", refresh=StaleIntervals(refresh_threshold, max_interval, stale),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip,
@@ -109,4 +112,4 @@ class SPNGD(NGDOptimizer):
                          policy=policy, nesterov=nesterov, decay_filter=decay_filter,
                          skip_layers=skip_layers, verbose=verbose, distributed=distributed,
                          grad_worker_fraction=grad_worker_fraction, balance=balance,
-                         divergence_patience=divergence_patience, params=params)
+                         divergence_patience=divergence_patience, params=params, strict=strict)
