@@ -184,6 +184,8 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         self.skipped_steps = Parameter(Tensor(0, ms.int32), name=f"{prefix}.skipped_steps", requires_grad=False)
         self.inverse_refreshes = Parameter(Tensor(0, ms.int32), name=f"{prefix}.inverse_refreshes",
                                            requires_grad=False)
+        self.demoted_unreported = Parameter(Tensor(np.zeros(len(specs), np.bool_)), name=f"{prefix}.demoted_unreported",
+                                            requires_grad=False)
         self._guard_name = type(self).__name__
         self._build_guard(prefix, policy.adaptive_damping, divergence_patience, policy.max_damping_boost, 0.9)
         attach(cells, [b.capture for b in self.blocks])
@@ -206,8 +208,8 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         gradients = self.scale_grad(self.flatten_gradients(gradients))
         lr = self.get_lr()
         step = self.global_step.reshape(())
-        finite = self._watch(gradients, self._all_finite(gradients), step)
-        self._adapt(gradients, finite)
+        finite = self._watch(gradients, self._all_finite(gradients), step, self.demoted_unreported)
+        finite = ops.depend(finite, self._adapt(gradients, finite))
 
         # fold the statistics captured in this step's forward/backward pass (one run-time branch)
         factors = self._stored_factors()
@@ -218,14 +220,16 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
             # every step, so that THOR's trace probes between folds see the current scale too
             measured, valid = probe.measure(probe.probe(finite), gradients)
             scale = ops.select(ops.logical_and(finite, valid), measured, scale)
-        invisible = ops.zeros((self.num_layers,), ms.bool_)
+        demoted_before = self._demoted_flags()
         if self.capture_control.any():
-            factors, refreshed, changes, scale, invisible = self._folded(factors, finite, gradients, scale)
+            factors, refreshed, changes, scale, _ = self._folded(factors, finite, gradients, scale)
         self._store_factors(factors)
         if probe is not None:
             ops.assign(probe.scale_seen, scale)
-        if invisible.any():                               # layers demoted this step: warn, or raise if strict
-            self._report_invisible(invisible)
+        # layers demoted this step are reported (warning, or error if strict) at the start of the next
+        # step: a host call placed after the fold broke the reload of a checkpoint into the compiled
+        # graph (measured, MindSpore 2.10); at the start of the step, like _watch's, it does not
+        ops.assign(self.demoted_unreported, ops.logical_and(self._demoted_flags(), ops.logical_not(demoted_before)))
 
         # refresh the inverses the rule says are due
         damping = self._damping(self.damping(self.global_step))          # read in the main graph
@@ -257,6 +261,12 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         self.refresh_rule.capture_next(step + 1)
         ops.assign_add(self.global_step, self.global_step_increase_tensor)
         return success
+
+    def _demoted_flags(self):
+        flags = ()
+        for block in self.blocks:
+            flags += (block.demoted,)
+        return ops.stack(flags)
 
     @staticmethod
     def _all_layers(layers, every):

@@ -67,9 +67,14 @@ def is_divergence(error):
     return isinstance(error, RuntimeError) and DIVERGED in str(error)
 
 
-def _warn_skipped(name, step, run, total):
-    logger.warning("%s: step %d skipped: non-finite gradient (%d in a row, %d in total); weights and "
-                   "moments unchanged", name, int(step), int(run), int(total))
+def _alert(name, finite, step, run, total, demoted, report_demoted):
+    """Host side of :meth:`Guard._watch` (called from the compiled step through MindSpore's JIT
+    fallback): a WARNING for a skipped step; the report of layers demoted in the previous step."""
+    if not bool(finite):
+        logger.warning("%s: step %d skipped: non-finite gradient (%d in a row, %d in total); weights and "
+                       "moments unchanged", name, int(step), int(run), int(total))
+    if np.asarray(demoted).any():
+        report_demoted(demoted)
     return run
 
 
@@ -96,12 +101,15 @@ class Guard:
         self.nonfinite_run = scalar(0, "nonfinite_run", np.int32)
 
     # ------------------------------------------------------------------ before the update
-    def _watch(self, gradients, finite, step):
-        """Report a skipped step, stop a diverged run; returns ``finite`` (for ordering)."""
+    def _watch(self, gradients, finite, step, demoted):
+        """Report a skipped step and the layers demoted in the previous step (``demoted``, a bool
+        vector), stop a diverged run; returns ``finite`` (for ordering). One run-time branch holds
+        every host call of the step: more than one, or one after the fold, broke the reload of a
+        checkpoint into the compiled graph (measured, MindSpore 2.10)."""
         run = ops.select(finite, ops.zeros((), ms.int32), self.nonfinite_run + 1)
         ops.assign(self.nonfinite_run, run)
-        if not finite:
-            _warn_skipped(self._guard_name, step, run, self.skipped_steps + 1)
+        if ops.logical_or(ops.logical_not(finite), demoted.any()):
+            _alert(self._guard_name, finite, step, run, self.skipped_steps + 1, demoted, self._report_invisible)
             if run >= self.divergence_patience:
                 raise RuntimeError(
                     f"{self._guard_name} {DIVERGED} {step}: {run} consecutive steps with a non-finite gradient "
