@@ -104,6 +104,21 @@ def _spngd(net, lr, damping, seed):
     return cls(net, learning_rate=lr, damping=damping, **SPNGD_SETTINGS, **extra)
 
 
+def _fixed(build):
+    """The same optimizer with the damping held fixed (``adaptive_damping=False``, the behaviour before
+    adaptive damping existed): the adaptive default is compared against it."""
+    def make(net, lr, damping, seed):
+        if build is _kfac:
+            return ngd.KFAC(net, learning_rate=lr, damping=damping, verbose=False, adaptive_damping=False,
+                            **KFAC_SETTINGS)
+        if build is _thor:
+            return ngd.THOR(net, learning_rate=lr, damping=damping, verbose=False, adaptive_damping=False,
+                            **THOR_SETTINGS)
+        return ngd.SPNGD(net, learning_rate=lr, damping=damping, verbose=False, adaptive_damping=False,
+                         **SPNGD_SETTINGS)
+    return make
+
+
 OPTIMIZERS = {
     "momentum": OptimizerSpec(_momentum, SGD_LRS, settings={"momentum": 0.9}),
     "adam": OptimizerSpec(_adam, ADAM_LRS, settings={"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}),
@@ -111,6 +126,9 @@ OPTIMIZERS = {
     "kfac": OptimizerSpec(_kfac, SGD_LRS, NGD_DAMPINGS, KFAC_SETTINGS),
     "thor": OptimizerSpec(_thor, SGD_LRS, NGD_DAMPINGS, THOR_SETTINGS),
     "spngd": OptimizerSpec(_spngd, SGD_LRS, NGD_DAMPINGS, SPNGD_SETTINGS, requires="SPNGD"),
+    "kfac-fixed": OptimizerSpec(_fixed(_kfac), SGD_LRS, NGD_DAMPINGS, dict(KFAC_SETTINGS, adaptive_damping=False)),
+    "thor-fixed": OptimizerSpec(_fixed(_thor), SGD_LRS, NGD_DAMPINGS, dict(THOR_SETTINGS, adaptive_damping=False)),
+    "spngd-fixed": OptimizerSpec(_fixed(_spngd), SGD_LRS, NGD_DAMPINGS, dict(SPNGD_SETTINGS, adaptive_damping=False)),
 }
 
 
@@ -475,7 +493,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", default="digits-cnn",
                         help=f"comma-separated tasks among {', '.join(TASKS)}, or all (default digits-cnn)")
-    parser.add_argument("--optimizers", default=",".join(available_optimizers()),
+    parser.add_argument("--optimizers", default=",".join(n for n in available_optimizers() if not n.endswith("-fixed")),
                         help=f"comma-separated among {', '.join(OPTIMIZERS)}; must include momentum "
                              "(its result is the target). Default: all available")
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds 0..N-1 (default 3; 1 with --quick)")

@@ -222,7 +222,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
             scale = ops.select(ops.logical_and(finite, valid), measured, scale)
         demoted_before = self._demoted_flags()
         if self.capture_control.any():
-            factors, refreshed, changes, scale, _ = self._folded(factors, finite, gradients, scale)
+            factors, refreshed, changes, scale = self._folded(factors, finite, gradients, scale)
         self._store_factors(factors)
         if probe is not None:
             ops.assign(probe.scale_seen, scale)
@@ -296,7 +296,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
 
     def _folded(self, state, finite, gradients, scale):
         """(new factor state, per-layer flag 'A or G of this layer was taken', relative changes, loss
-        scale seen, per-layer flag 'demoted this step').
+        scale seen).
 
         A step with a non-finite gradient (a loss-scale overflow, or divergence) folds nothing and is
         no fault of the curvature: it is counted once, as a skipped step. G and the unit-wise Fishers
@@ -335,12 +335,11 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
             g_batches, f_batches = unscaled, unscaled_f
         track = self.policy.refresh.track_changes
         zero = ops.zeros((), ms.float32)
-        folded, outcomes, demoted, newly = (), (), (), ()
+        folded, outcomes, demoted = (), (), ()
         for k in range(self.num_layers):
             block = self.blocks[k]
             was = state[0][k][4]
             demoted += (ops.logical_or(was, unseen[k]),)
-            newly += (ops.logical_and(unseen[k], ops.logical_not(was)),)
             if block.owned:
                 take_a, take_g = self.capture_control.layer_flags(k)
                 keep = ops.logical_and(ops.logical_not(demoted[k]), finite)
@@ -365,9 +364,8 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
                 a_changes += (outcome[4],)
                 g_changes += (outcome[5],)
         changes = ops.stack(a_changes + g_changes) if track else -ops.ones((1,), ms.float32)
-        newly = ops.stack(newly)
         if not self.num_norms:
-            return (layers, faults), refreshed, changes, scale, newly
+            return (layers, faults), refreshed, changes, scale
         norms, norm_changes = (), ()
         for j in range(self.num_norms):
             folded_norm, rejected, change = self.norm_blocks[j].fold(
@@ -378,7 +376,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
             faults = faults + rejected
         if track:
             changes = ops.concat((changes, ops.stack(norm_changes)))
-        return (layers, faults, norms), refreshed, changes, scale, newly
+        return (layers, faults, norms), refreshed, changes, scale
 
     def _store_factors(self, state):
         for k in range(self.num_layers):
