@@ -20,6 +20,8 @@ def _load(path):
         return json.load(handle)
 
 
+# slow since issue 11/12 grew the default suite: the autoencoder quick run covers the harness
+@pytest.mark.slow
 def test_quick_mode_digits_cnn(tmp_path):
     optimizers = convergence.available_optimizers()
     assert set(BASE_OPTIMIZERS) <= set(optimizers)

@@ -58,7 +58,8 @@ def test_standalone_script_trains_kfac(kfac_run):
     _check_trained(output_dir, result.stdout, "kfac")
 
 
-@pytest.mark.parametrize("optimizer", ["momentum", "thor", "spngd"])
+@pytest.mark.parametrize("optimizer", ["momentum", pytest.param("thor", marks=pytest.mark.slow),
+                                       pytest.param("spngd", marks=pytest.mark.slow)])
 def test_standalone_script_trains_each_optimizer(tmp_path, optimizer):
     result = _train(tmp_path, optimizer)
     _check_trained(tmp_path, result.stdout, optimizer)
@@ -105,6 +106,8 @@ def test_eval_reads_the_checkpoint(kfac_run, tmp_path):
     assert wider.returncode == 2 and "has parameters of other shapes" in wider.stderr
 
 
+# slow since issue 11/12 grew the default suite: tests/distributed covers 2-rank training
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_distributed_script_trains_kfac_on_two_workers(tmp_path):
     """msrun with 2 CPU workers: both ranks train on their shard, K-FAC reduces the factors to their

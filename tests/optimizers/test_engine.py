@@ -143,7 +143,8 @@ def _state(net, opt):
     return state
 
 
-@pytest.mark.parametrize("kind, when", [("kfac", "before"), ("spngd", "before"), ("kfac", "after"),
+@pytest.mark.parametrize("kind, when", [("kfac", "before"), pytest.param("spngd", "before", marks=pytest.mark.slow),
+                                        ("kfac", "after"),
                                         pytest.param("spngd", "after", marks=pytest.mark.slow)])
 def test_checkpoint_round_trip_resumes_bit_identically(tmp_path, kind, when):
     """Resume from a checkpoint loaded into a fresh net/optimizer, either before its first step or

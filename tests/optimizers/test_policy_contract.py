@@ -103,7 +103,7 @@ def _finish(step, batches):
         assert np.array_equal(before[key], after[key]), f"a non-finite step changed {key}"
 
 
-@pytest.mark.parametrize("name", list(OPTIMIZERS))
+@pytest.mark.parametrize("name", [n if n == "kfac" else pytest.param(n, marks=pytest.mark.slow) for n in OPTIMIZERS])
 def test_the_engine_given_the_policy_resumes_the_checkpoint_to_identical_weights(name, tmp_path):
     """The class and ``NGDOptimizer(policy=class.policy)`` are the same optimizer: the engine loads the
     class's mid-run checkpoint (same Parameter names) and ends bit-identical; the non-finite last

@@ -110,6 +110,8 @@ def test_refresh_state_is_checkpointed_and_restored(tmp_path):
     assert {"spngd.intervals", "spngd.next_refresh", "spngd.refreshes"} <= set(ms.load_checkpoint(path))
 
 
+# slow since issue 11/12 grew the default suite: test_policy_contract checks the same equality
+@pytest.mark.slow
 # ------------------------------------------------------------------ one engine
 def test_spngd_without_stale_statistics_equals_kfac_with_intervals_one():
     common = dict(momentum=0.9, weight_decay=1e-3, damping_split="pi", factor_decay=0.0, kl_clip=None,

@@ -32,6 +32,8 @@ def test_thor_without_splitting_or_trace_rule_equals_kfac_with_the_same_policy()
         np.testing.assert_array_equal(thor[name], kfac[name], err_msg=name)
 
 
+# slow since issue 11/12 grew the default suite: block-split equivalences are in numerics/test_blocks
+@pytest.mark.slow
 def test_split_dim_at_least_the_factor_size_changes_nothing():
     base, _ = weights_after(lambda net: ngd.THOR(net, 0.05, 1e-2, frequency=2, split_dim=None, verbose=False))
     big, _ = weights_after(lambda net: ngd.THOR(net, 0.05, 1e-2, frequency=2, split_dim=1000, verbose=False))
