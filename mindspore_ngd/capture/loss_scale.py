@@ -80,6 +80,12 @@ class LossScaleProbe(nn.Cell):
         valid = ops.logical_and(ops.logical_and(usable, positive), ops.isfinite(scale))
         return scale, valid
 
+    def scale_after(self, probe, gradients, finite, scale):
+        """The scale to use after this step: the one measured from ``probe`` (this rank's, or distributed
+        the ranks' mean) when the step is finite and the measurement valid, else ``scale`` (the last)."""
+        measured, valid = self.measure(probe, gradients)
+        return ops.select(ops.logical_and(finite, valid), measured, scale)
+
     def correction(self, scale):
         """Factor that takes a statistic quadratic in the output gradient, captured at ``scale`` and
         divided by ``loss_scale**2``, to the unscaled value."""

@@ -218,8 +218,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         scale = ops.zeros((), ms.float32) if probe is None else probe.scale_seen
         if probe is not None and not self.exchange.distributed:
             # every step, so that THOR's trace probes between folds see the current scale too
-            measured, valid = probe.measure(probe.probe(finite), gradients)
-            scale = ops.select(ops.logical_and(finite, valid), measured, scale)
+            scale = probe.scale_after(probe.probe(finite), gradients, finite, scale)
         demoted_before = self._demoted_flags()
         if self.capture_control.any():
             factors, refreshed, changes, scale = self._folded(factors, finite, gradients, scale)
@@ -324,8 +323,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
             a_batches, g_batches, f_batches, token, extra)
         if probe is not None:
             if distributed:          # the ranks' mean probe against the ranks' mean gradient
-                measured, valid = probe.measure(extra, gradients)
-                scale = ops.select(ops.logical_and(finite, valid), measured, scale)
+                scale = probe.scale_after(extra, gradients, finite, scale)
             correction = probe.correction(scale)
             unscaled, unscaled_f = (), ()
             for g_batch in g_batches:
