@@ -26,6 +26,7 @@ curve), ``.md`` (tables) and ``.png`` (test metric vs epoch and vs seconds); ``-
 rebuilds the tables and plots of saved JSON files without training.
 """
 import argparse
+import functools
 import importlib.util
 import inspect
 import json
@@ -33,7 +34,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
@@ -59,77 +60,80 @@ NGD_DAMPINGS = (1e-3, 1e-2)
 
 @dataclass(frozen=True)
 class OptimizerSpec:
-    """How to build one optimizer: ``build(network, lr, damping, seed) -> nn.Optimizer``."""
+    """How to build one optimizer: ``build(network, lr, damping, seed) -> nn.Optimizer``.
+
+    ``family`` names the learning-rate grid it uses: ``"sgd"`` (:data:`SGD_LRS`) or ``"adam"``
+    (:data:`ADAM_LRS`); a task may replace a family's grid (:attr:`benchmarks.tasks.Task.lrs`).
+    """
     build: Callable
     lrs: tuple
     dampings: tuple = (None,)
     settings: dict = field(default_factory=dict)   # fixed arguments, recorded in the JSON
     requires: str = ""                              # attribute of mindspore_ngd it needs, if any
+    family: str = "sgd"
 
     def available(self):
         return not self.requires or getattr(ngd, self.requires, None) is not None
 
-
-def _momentum(net, lr, damping, seed):
-    return nn.Momentum(net.trainable_params(), learning_rate=lr, momentum=0.9)
-
-
-def _adam(net, lr, damping, seed):
-    return nn.Adam(net.trainable_params(), learning_rate=lr)
+    def lrs_for(self, task=None):
+        """The learning-rate grid on ``task``: its override for this family, else the default."""
+        overrides = getattr(task, "lrs", None) or {}
+        return tuple(overrides.get(self.family, self.lrs))
 
 
-def _sgd(net, lr, damping, seed):
-    return nn.SGD(net.trainable_params(), learning_rate=lr)
-
-
+# Each builder takes the optimizer's fixed settings as defaults and ``**overrides`` on top of them.
+MOMENTUM_SETTINGS = dict(momentum=0.9)
+ADAM_SETTINGS = dict(beta1=0.9, beta2=0.999, eps=1e-8)
 KFAC_SETTINGS = dict(momentum=0.9, kl_clip=1e-3, factor_update_interval=1, inverse_update_interval=20)
 THOR_SETTINGS = dict(momentum=0.9, frequency=10, split_dim=64, trace_threshold=0.05, kl_clip=1e-3)
 SPNGD_SETTINGS = dict(momentum=0.9)
 
 
-def _kfac(net, lr, damping, seed):
-    return ngd.KFAC(net, learning_rate=lr, damping=damping, verbose=False, **KFAC_SETTINGS)
+def _momentum(net, lr, damping, seed, **overrides):
+    return nn.Momentum(net.trainable_params(), learning_rate=lr, **{**MOMENTUM_SETTINGS, **overrides})
 
 
-def _thor(net, lr, damping, seed):
-    return ngd.THOR(net, learning_rate=lr, damping=damping, verbose=False, **THOR_SETTINGS)
+def _adam(net, lr, damping, seed, **overrides):
+    return nn.Adam(net.trainable_params(), learning_rate=lr, **{**ADAM_SETTINGS, **overrides})
 
 
-def _spngd(net, lr, damping, seed):
+def _sgd(net, lr, damping, seed, **overrides):
+    return nn.SGD(net.trainable_params(), learning_rate=lr, **overrides)
+
+
+def _kfac(net, lr, damping, seed, **overrides):
+    return ngd.KFAC(net, learning_rate=lr, damping=damping, verbose=False, **{**KFAC_SETTINGS, **overrides})
+
+
+def _thor(net, lr, damping, seed, **overrides):
+    return ngd.THOR(net, learning_rate=lr, damping=damping, verbose=False, **{**THOR_SETTINGS, **overrides})
+
+
+def _spngd(net, lr, damping, seed, **overrides):
     cls = getattr(ngd, "SPNGD", None)
     if cls is None:
         raise RuntimeError("optimizer 'spngd' needs mindspore_ngd.SPNGD, which this installation does not have")
     params = inspect.signature(cls).parameters
     extra = {name: value for name, value in (("seed", seed), ("verbose", False)) if name in params}
-    return cls(net, learning_rate=lr, damping=damping, **SPNGD_SETTINGS, **extra)
+    return cls(net, learning_rate=lr, damping=damping, **{**SPNGD_SETTINGS, **extra, **overrides})
 
 
-def _fixed(build):
+def _fixed(spec):
     """The same optimizer with the damping held fixed (``adaptive_damping=False``, the behaviour before
     adaptive damping existed): the adaptive default is compared against it."""
-    def make(net, lr, damping, seed):
-        if build is _kfac:
-            return ngd.KFAC(net, learning_rate=lr, damping=damping, verbose=False, adaptive_damping=False,
-                            **KFAC_SETTINGS)
-        if build is _thor:
-            return ngd.THOR(net, learning_rate=lr, damping=damping, verbose=False, adaptive_damping=False,
-                            **THOR_SETTINGS)
-        return ngd.SPNGD(net, learning_rate=lr, damping=damping, verbose=False, adaptive_damping=False,
-                         **SPNGD_SETTINGS)
-    return make
+    return replace(spec, build=functools.partial(spec.build, adaptive_damping=False),
+                   settings=dict(spec.settings, adaptive_damping=False))
 
 
 OPTIMIZERS = {
-    "momentum": OptimizerSpec(_momentum, SGD_LRS, settings={"momentum": 0.9}),
-    "adam": OptimizerSpec(_adam, ADAM_LRS, settings={"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}),
+    "momentum": OptimizerSpec(_momentum, SGD_LRS, settings=MOMENTUM_SETTINGS),
+    "adam": OptimizerSpec(_adam, ADAM_LRS, settings=ADAM_SETTINGS, family="adam"),
     "sgd": OptimizerSpec(_sgd, SGD_LRS),
     "kfac": OptimizerSpec(_kfac, SGD_LRS, NGD_DAMPINGS, KFAC_SETTINGS),
     "thor": OptimizerSpec(_thor, SGD_LRS, NGD_DAMPINGS, THOR_SETTINGS),
     "spngd": OptimizerSpec(_spngd, SGD_LRS, NGD_DAMPINGS, SPNGD_SETTINGS, requires="SPNGD"),
-    "kfac-fixed": OptimizerSpec(_fixed(_kfac), SGD_LRS, NGD_DAMPINGS, dict(KFAC_SETTINGS, adaptive_damping=False)),
-    "thor-fixed": OptimizerSpec(_fixed(_thor), SGD_LRS, NGD_DAMPINGS, dict(THOR_SETTINGS, adaptive_damping=False)),
-    "spngd-fixed": OptimizerSpec(_fixed(_spngd), SGD_LRS, NGD_DAMPINGS, dict(SPNGD_SETTINGS, adaptive_damping=False)),
 }
+OPTIMIZERS.update({name + "-fixed": _fixed(OPTIMIZERS[name]) for name in ("kfac", "thor", "spngd")})
 
 
 def available_optimizers():
