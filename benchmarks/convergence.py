@@ -12,7 +12,8 @@ For every task (``--task``, see :mod:`benchmarks.tasks`), optimizer, grid point
 * a plain jitted ``nn.TrainOneStepCell`` loop over pre-sliced batches; wall-clock time counts
   training steps only (batch slicing and the per-epoch evaluation are outside the clock). The first
   step's extra time over a steady step is reported as compile time;
-* after every epoch the whole training and test sets are evaluated (one eval-mode call);
+* after every epoch the whole training and test sets are evaluated (eval mode, in calls of at most
+  ``task.eval_batch`` examples);
 * each run in a fresh process (``--isolate yes``, the default outside ``--quick``), so memory stays
   bounded: MindSpore keeps every compiled graph for the life of its process.
 
@@ -24,6 +25,9 @@ metric, epochs and seconds (with and without compile time) to reach the target, 
 compile time, as median [min, max] over seeds. Output: ``convergence_<task>.json`` (every run's
 curve), ``.md`` (tables) and ``.png`` (test metric vs epoch and vs seconds); ``--from-json``
 rebuilds the tables and plots of saved JSON files without training.
+
+A task whose data or package is missing here (e.g. Fashion-MNIST: ``sudo apt-get install
+dataset-fashion-mnist``) is skipped with one line saying how to get it.
 """
 import argparse
 import functools
@@ -46,6 +50,7 @@ from mindspore import nn, Tensor  # noqa: E402
 
 import mindspore_ngd as ngd  # noqa: E402
 from . import save_results  # noqa: E402
+from .data import DataUnavailable  # noqa: E402
 from .tasks import TASKS  # noqa: E402
 
 __all__ = ["OPTIMIZERS", "OptimizerSpec", "available_optimizers", "run_one", "run_task", "summarize",
@@ -140,10 +145,11 @@ def available_optimizers():
     return [name for name, spec in OPTIMIZERS.items() if spec.available()]
 
 
-def grid_points(name, grid="full"):
-    """The (lr, damping) pairs of optimizer ``name``; ``grid="single"`` keeps the middle of each axis."""
+def grid_points(name, grid="full", task=None):
+    """The (lr, damping) pairs of optimizer ``name`` (on ``task``: with its learning-rate override, if
+    any); ``grid="single"`` keeps the middle of each axis."""
     spec = OPTIMIZERS[name]
-    lrs, dampings = spec.lrs, spec.dampings
+    lrs, dampings = spec.lrs_for(task), spec.dampings
     if grid == "single":
         lrs, dampings = (lrs[len(lrs) // 2],), (dampings[len(dampings) // 2],)
     return [(lr, damping) for lr in lrs for damping in dampings]
@@ -187,7 +193,9 @@ def _param_checksum(net):
 def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None):
     """Train ``task``'s network once; return the run record with its per-epoch curve."""
     x_train, y_train, x_test, y_test = arrays
-    x_all = Tensor(np.concatenate([x_train, x_test]))
+    x_all = np.concatenate([x_train, x_test])
+    eval_chunks = [Tensor(x_all[i:i + task.eval_batch]) for i in range(0, len(x_all), task.eval_batch)]
+    del x_all
     ms.set_seed(seed)
     net = task.build()
     init_checksum = _param_checksum(net)
@@ -212,7 +220,7 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None):
             compile_s = max(first - steady, 0.0)
         seconds += epoch_s
         net.set_train(False)
-        metrics = task.evaluate(net(x_all).asnumpy(), y_train, y_test)
+        metrics = task.evaluate(np.concatenate([net(chunk).asnumpy() for chunk in eval_chunks]), y_train, y_test)
         net.set_train(True)
         curve.append({"epoch": epoch, **metrics, "epoch_s": epoch_s, "seconds": seconds,
                       "seconds_excl_compile": seconds - compile_s})
@@ -246,7 +254,7 @@ def run_task(task, optimizers, seeds, epochs, grid="full", stream=None, isolate=
     ``gc.collect()``), so a full suite in one process grows past 13 GB.
     """
     plan = [(name, lr, damping, seed) for seed in range(seeds) for name in optimizers
-            for lr, damping in grid_points(name, grid)]
+            for lr, damping in grid_points(name, grid, task)]
     labels = [f"{task.name} {i}/{len(plan)} {name} lr={lr:g}" + (f" damping={damping:g}" if damping else "")
               + f" seed={seed}" for i, (name, lr, damping, seed) in enumerate(plan, 1)]
     if isolate:
@@ -609,9 +617,17 @@ def main(argv=None):
     for task_name in args.tasks:
         task = TASKS[task_name]
         epochs = args.epochs or (task.quick_epochs if args.quick else task.epochs)
+        reason = task.unavailable_reason()
+        if reason:
+            print(f"skipping task {task.name}: {reason}", flush=True)
+            continue
         start = time.perf_counter()
-        runs = run_task(task, args.optimizer_names, args.seeds, epochs, args.grid, isolate=args.isolate)
-        settings = {n: {"lrs": list(OPTIMIZERS[n].lrs), "dampings": list(OPTIMIZERS[n].dampings),
+        try:
+            runs = run_task(task, args.optimizer_names, args.seeds, epochs, args.grid, isolate=args.isolate)
+        except DataUnavailable as err:      # the files went away after the check
+            print(f"skipping task {task.name}: {err}", flush=True)
+            continue
+        settings = {n: {"lrs": list(OPTIMIZERS[n].lrs_for(task)), "dampings": list(OPTIMIZERS[n].dampings),
                         "settings": OPTIMIZERS[n].settings} for n in args.optimizer_names}
         meta = {"task": task.name, "description": task.description, "kind": task.kind,
                 "metric": task.metric, "higher_is_better": task.higher_is_better,
