@@ -170,11 +170,16 @@ def test_new_tasks_and_their_learning_rate_grids():
         assert 1 <= task.quick_epochs < task.epochs
     assert TASKS["fmnist-2c2d"].epochs < TASKS["fmnist-mlp"].epochs
     assert TASKS["digits-cnn-b512"].build is models.DigitsCNN
-    big, small = TASKS["fmnist-mlp-b1024"], TASKS["fmnist-mlp"]
-    for name in ("momentum", "sgd", "kfac", "thor-fixed"):        # the SGD-type grid moves up at batch 1024
-        spec = convergence.OPTIMIZERS[name]
-        assert spec.lrs_for(big) == (0.1, 0.3, 1.0) and spec.lrs_for(small) == convergence.SGD_LRS
-        assert sorted({lr for lr, _ in convergence.grid_points(name, "full", big)}) == [0.1, 0.3, 1.0]
-    assert convergence.OPTIMIZERS["adam"].lrs_for(big) == convergence.ADAM_LRS
-    assert convergence.grid_points("momentum", "single", big) == [(0.3, None)]
-    assert convergence.grid_points("kfac", "single", big) == [(0.3, 1e-2)]
+    for name in ("momentum", "kfac", "adam"):                        # the default grids
+        assert convergence.OPTIMIZERS[name].lrs_for(TASKS["fmnist-mlp-b1024"]) == convergence.OPTIMIZERS[name].lrs
+
+
+def test_task_lrs_replaces_the_grid_of_one_optimizer_family():
+    task = dataclasses.replace(TASKS["fmnist-mlp-b1024"], lrs={"sgd": (0.01, 0.02, 0.05)})
+    for name in ("momentum", "sgd", "kfac", "thor-fixed"):
+        assert convergence.OPTIMIZERS[name].lrs_for(task) == (0.01, 0.02, 0.05)
+        assert sorted({lr for lr, _ in convergence.grid_points(name, "full", task)}) == [0.01, 0.02, 0.05]
+    assert convergence.OPTIMIZERS["adam"].lrs_for(task) == convergence.ADAM_LRS
+    assert convergence.grid_points("momentum", "single", task) == [(0.02, None)]
+    assert convergence.grid_points("kfac", "single", task) == [(0.02, 1e-2)]
+    assert convergence.grid_points("momentum", "single") == [(0.1, None)]
