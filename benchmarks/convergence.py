@@ -12,7 +12,8 @@ For every task (``--task``, see :mod:`benchmarks.tasks`), optimizer, grid point
 * a plain jitted ``nn.TrainOneStepCell`` loop over pre-sliced batches; wall-clock time counts
   training steps only (batch slicing and the per-epoch evaluation are outside the clock). The first
   step's extra time over a steady step is reported as compile time;
-* after every epoch the whole training and test sets are evaluated (one eval-mode call);
+* after every epoch the whole training and test sets are evaluated (eval mode, in calls of at most
+  ``task.eval_batch`` examples);
 * each run in a fresh process (``--isolate yes``, the default outside ``--quick``), so memory stays
   bounded: MindSpore keeps every compiled graph for the life of its process.
 
@@ -24,8 +25,12 @@ metric, epochs and seconds (with and without compile time) to reach the target, 
 compile time, as median [min, max] over seeds. Output: ``convergence_<task>.json`` (every run's
 curve), ``.md`` (tables) and ``.png`` (test metric vs epoch and vs seconds); ``--from-json``
 rebuilds the tables and plots of saved JSON files without training.
+
+A task whose data or package is missing here (e.g. Fashion-MNIST: ``sudo apt-get install
+dataset-fashion-mnist``) is skipped with one line saying how to get it.
 """
 import argparse
+import functools
 import importlib.util
 import inspect
 import json
@@ -33,7 +38,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
@@ -45,6 +50,7 @@ from mindspore import nn, Tensor  # noqa: E402
 
 import mindspore_ngd as ngd  # noqa: E402
 from . import save_results  # noqa: E402
+from .data import DataUnavailable  # noqa: E402
 from .tasks import TASKS  # noqa: E402
 
 __all__ = ["OPTIMIZERS", "OptimizerSpec", "available_optimizers", "run_one", "run_task", "summarize",
@@ -59,87 +65,91 @@ NGD_DAMPINGS = (1e-3, 1e-2)
 
 @dataclass(frozen=True)
 class OptimizerSpec:
-    """How to build one optimizer: ``build(network, lr, damping, seed) -> nn.Optimizer``."""
+    """How to build one optimizer: ``build(network, lr, damping, seed) -> nn.Optimizer``.
+
+    ``family`` names the learning-rate grid it uses: ``"sgd"`` (:data:`SGD_LRS`) or ``"adam"``
+    (:data:`ADAM_LRS`); a task may replace a family's grid (:attr:`benchmarks.tasks.Task.lrs`).
+    """
     build: Callable
     lrs: tuple
     dampings: tuple = (None,)
     settings: dict = field(default_factory=dict)   # fixed arguments, recorded in the JSON
     requires: str = ""                              # attribute of mindspore_ngd it needs, if any
+    family: str = "sgd"
 
     def available(self):
         return not self.requires or getattr(ngd, self.requires, None) is not None
 
-
-def _momentum(net, lr, damping, seed):
-    return nn.Momentum(net.trainable_params(), learning_rate=lr, momentum=0.9)
-
-
-def _adam(net, lr, damping, seed):
-    return nn.Adam(net.trainable_params(), learning_rate=lr)
+    def lrs_for(self, task=None):
+        """The learning-rate grid on ``task``: its override for this family, else the default."""
+        overrides = getattr(task, "lrs", None) or {}
+        return tuple(overrides.get(self.family, self.lrs))
 
 
-def _sgd(net, lr, damping, seed):
-    return nn.SGD(net.trainable_params(), learning_rate=lr)
-
-
+# Each builder takes the optimizer's fixed settings as defaults and ``**overrides`` on top of them.
+MOMENTUM_SETTINGS = dict(momentum=0.9)
+ADAM_SETTINGS = dict(beta1=0.9, beta2=0.999, eps=1e-8)
 KFAC_SETTINGS = dict(momentum=0.9, kl_clip=1e-3, factor_update_interval=1, inverse_update_interval=20)
 THOR_SETTINGS = dict(momentum=0.9, frequency=10, split_dim=64, trace_threshold=0.05, kl_clip=1e-3)
 SPNGD_SETTINGS = dict(momentum=0.9)
 
 
-def _kfac(net, lr, damping, seed):
-    return ngd.KFAC(net, learning_rate=lr, damping=damping, verbose=False, **KFAC_SETTINGS)
+def _momentum(net, lr, damping, seed, **overrides):
+    return nn.Momentum(net.trainable_params(), learning_rate=lr, **{**MOMENTUM_SETTINGS, **overrides})
 
 
-def _thor(net, lr, damping, seed):
-    return ngd.THOR(net, learning_rate=lr, damping=damping, verbose=False, **THOR_SETTINGS)
+def _adam(net, lr, damping, seed, **overrides):
+    return nn.Adam(net.trainable_params(), learning_rate=lr, **{**ADAM_SETTINGS, **overrides})
 
 
-def _spngd(net, lr, damping, seed):
+def _sgd(net, lr, damping, seed, **overrides):
+    return nn.SGD(net.trainable_params(), learning_rate=lr, **overrides)
+
+
+def _kfac(net, lr, damping, seed, **overrides):
+    return ngd.KFAC(net, learning_rate=lr, damping=damping, verbose=False, **{**KFAC_SETTINGS, **overrides})
+
+
+def _thor(net, lr, damping, seed, **overrides):
+    return ngd.THOR(net, learning_rate=lr, damping=damping, verbose=False, **{**THOR_SETTINGS, **overrides})
+
+
+def _spngd(net, lr, damping, seed, **overrides):
     cls = getattr(ngd, "SPNGD", None)
     if cls is None:
         raise RuntimeError("optimizer 'spngd' needs mindspore_ngd.SPNGD, which this installation does not have")
     params = inspect.signature(cls).parameters
     extra = {name: value for name, value in (("seed", seed), ("verbose", False)) if name in params}
-    return cls(net, learning_rate=lr, damping=damping, **SPNGD_SETTINGS, **extra)
+    return cls(net, learning_rate=lr, damping=damping, **{**SPNGD_SETTINGS, **extra, **overrides})
 
 
-def _fixed(build):
+def _fixed(spec):
     """The same optimizer with the damping held fixed (``adaptive_damping=False``, the behaviour before
     adaptive damping existed): the adaptive default is compared against it."""
-    def make(net, lr, damping, seed):
-        if build is _kfac:
-            return ngd.KFAC(net, learning_rate=lr, damping=damping, verbose=False, adaptive_damping=False,
-                            **KFAC_SETTINGS)
-        if build is _thor:
-            return ngd.THOR(net, learning_rate=lr, damping=damping, verbose=False, adaptive_damping=False,
-                            **THOR_SETTINGS)
-        return ngd.SPNGD(net, learning_rate=lr, damping=damping, verbose=False, adaptive_damping=False,
-                         **SPNGD_SETTINGS)
-    return make
+    return replace(spec, build=functools.partial(spec.build, adaptive_damping=False),
+                   settings=dict(spec.settings, adaptive_damping=False))
 
 
 OPTIMIZERS = {
-    "momentum": OptimizerSpec(_momentum, SGD_LRS, settings={"momentum": 0.9}),
-    "adam": OptimizerSpec(_adam, ADAM_LRS, settings={"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}),
+    "momentum": OptimizerSpec(_momentum, SGD_LRS, settings=MOMENTUM_SETTINGS),
+    "adam": OptimizerSpec(_adam, ADAM_LRS, settings=ADAM_SETTINGS, family="adam"),
     "sgd": OptimizerSpec(_sgd, SGD_LRS),
     "kfac": OptimizerSpec(_kfac, SGD_LRS, NGD_DAMPINGS, KFAC_SETTINGS),
     "thor": OptimizerSpec(_thor, SGD_LRS, NGD_DAMPINGS, THOR_SETTINGS),
     "spngd": OptimizerSpec(_spngd, SGD_LRS, NGD_DAMPINGS, SPNGD_SETTINGS, requires="SPNGD"),
-    "kfac-fixed": OptimizerSpec(_fixed(_kfac), SGD_LRS, NGD_DAMPINGS, dict(KFAC_SETTINGS, adaptive_damping=False)),
-    "thor-fixed": OptimizerSpec(_fixed(_thor), SGD_LRS, NGD_DAMPINGS, dict(THOR_SETTINGS, adaptive_damping=False)),
-    "spngd-fixed": OptimizerSpec(_fixed(_spngd), SGD_LRS, NGD_DAMPINGS, dict(SPNGD_SETTINGS, adaptive_damping=False)),
 }
+OPTIMIZERS.update({name + "-fixed": _fixed(OPTIMIZERS[name]) for name in ("kfac", "thor", "spngd")})
 
 
 def available_optimizers():
     return [name for name, spec in OPTIMIZERS.items() if spec.available()]
 
 
-def grid_points(name, grid="full"):
-    """The (lr, damping) pairs of optimizer ``name``; ``grid="single"`` keeps the middle of each axis."""
+def grid_points(name, grid="full", task=None):
+    """The (lr, damping) pairs of optimizer ``name`` (on ``task``: with its learning-rate override, if
+    any); ``grid="single"`` keeps the middle of each axis."""
     spec = OPTIMIZERS[name]
-    lrs, dampings = spec.lrs, spec.dampings
+    lrs, dampings = spec.lrs_for(task), spec.dampings
     if grid == "single":
         lrs, dampings = (lrs[len(lrs) // 2],), (dampings[len(dampings) // 2],)
     return [(lr, damping) for lr in lrs for damping in dampings]
@@ -183,7 +193,9 @@ def _param_checksum(net):
 def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None):
     """Train ``task``'s network once; return the run record with its per-epoch curve."""
     x_train, y_train, x_test, y_test = arrays
-    x_all = Tensor(np.concatenate([x_train, x_test]))
+    x_all = np.concatenate([x_train, x_test])
+    eval_chunks = [Tensor(x_all[i:i + task.eval_batch]) for i in range(0, len(x_all), task.eval_batch)]
+    del x_all
     ms.set_seed(seed)
     net = task.build()
     init_checksum = _param_checksum(net)
@@ -208,7 +220,7 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None):
             compile_s = max(first - steady, 0.0)
         seconds += epoch_s
         net.set_train(False)
-        metrics = task.evaluate(net(x_all).asnumpy(), y_train, y_test)
+        metrics = task.evaluate(np.concatenate([net(chunk).asnumpy() for chunk in eval_chunks]), y_train, y_test)
         net.set_train(True)
         curve.append({"epoch": epoch, **metrics, "epoch_s": epoch_s, "seconds": seconds,
                       "seconds_excl_compile": seconds - compile_s})
@@ -242,7 +254,7 @@ def run_task(task, optimizers, seeds, epochs, grid="full", stream=None, isolate=
     ``gc.collect()``), so a full suite in one process grows past 13 GB.
     """
     plan = [(name, lr, damping, seed) for seed in range(seeds) for name in optimizers
-            for lr, damping in grid_points(name, grid)]
+            for lr, damping in grid_points(name, grid, task)]
     labels = [f"{task.name} {i}/{len(plan)} {name} lr={lr:g}" + (f" damping={damping:g}" if damping else "")
               + f" seed={seed}" for i, (name, lr, damping, seed) in enumerate(plan, 1)]
     if isolate:
@@ -605,9 +617,17 @@ def main(argv=None):
     for task_name in args.tasks:
         task = TASKS[task_name]
         epochs = args.epochs or (task.quick_epochs if args.quick else task.epochs)
+        reason = task.unavailable_reason()
+        if reason:
+            print(f"skipping task {task.name}: {reason}", flush=True)
+            continue
         start = time.perf_counter()
-        runs = run_task(task, args.optimizer_names, args.seeds, epochs, args.grid, isolate=args.isolate)
-        settings = {n: {"lrs": list(OPTIMIZERS[n].lrs), "dampings": list(OPTIMIZERS[n].dampings),
+        try:
+            runs = run_task(task, args.optimizer_names, args.seeds, epochs, args.grid, isolate=args.isolate)
+        except DataUnavailable as err:      # the files went away after the check
+            print(f"skipping task {task.name}: {err}", flush=True)
+            continue
+        settings = {n: {"lrs": list(OPTIMIZERS[n].lrs_for(task)), "dampings": list(OPTIMIZERS[n].dampings),
                         "settings": OPTIMIZERS[n].settings} for n in args.optimizer_names}
         meta = {"task": task.name, "description": task.description, "kind": task.kind,
                 "metric": task.metric, "higher_is_better": task.higher_is_better,

@@ -1,11 +1,28 @@
-"""Data sets that ship inside packages (no download at run time)."""
+"""Data sets that ship inside packages (no download at run time).
+
+scikit-learn's digits and MNIST-1D come with Python packages; Fashion-MNIST comes with the Debian
+package ``dataset-fashion-mnist`` (or any folder holding its four ``.gz`` files).
+"""
 import functools
+import gzip
+import os
+import shutil
+import tempfile
 
 import numpy as np
 
 import mindspore.dataset as ds
 
-__all__ = ["digits_arrays", "mnist1d_arrays", "array_dataset"]
+__all__ = ["DataUnavailable", "digits_arrays", "mnist1d_arrays", "fashion_mnist_arrays",
+           "fashion_mnist_missing", "FMNIST_FILES", "FMNIST_DEFAULT_DIR", "array_dataset"]
+
+FMNIST_DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
+FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+class DataUnavailable(FileNotFoundError):
+    """A data set's files are not on this machine; the message says how to get them."""
 
 
 def digits_arrays(test_fraction=0.2, seed=0):
@@ -48,6 +65,97 @@ def mnist1d_arrays(seed=42):
         np.random.set_state(state)
     return (data["x"].astype(np.float32), data["y"].astype(np.int32),
             data["x_test"].astype(np.float32), data["y_test"].astype(np.int32))
+
+
+def _fmnist_source(source=None):
+    return os.path.abspath(source or os.environ.get("NGD_FMNIST_DIR") or FMNIST_DEFAULT_DIR)
+
+
+def _fmnist_cache(cache=None):
+    return os.path.abspath(cache or os.environ.get("NGD_DATA_CACHE")
+                           or os.path.join(os.path.expanduser("~"), ".cache", "mindspore_ngd", "fashion-mnist"))
+
+
+def fashion_mnist_missing(source=None):
+    """``None`` when the four Fashion-MNIST ``.gz`` files are in ``source``, else how to get them.
+
+    ``source`` defaults to ``$NGD_FMNIST_DIR``, else ``/usr/share/datasets/fashion-mnist``. Cheap: it
+    only looks for the files.
+    """
+    folder = _fmnist_source(source)
+    absent = [name + ".gz" for name in FMNIST_FILES if not os.path.isfile(os.path.join(folder, name + ".gz"))]
+    if not absent:
+        return None
+    return (f"Fashion-MNIST not found: {folder} lacks {', '.join(absent)}. Install it with "
+            "'sudo apt-get install dataset-fashion-mnist' (Debian/Ubuntu; files in "
+            f"{FMNIST_DEFAULT_DIR}), or set NGD_FMNIST_DIR to a folder holding "
+            f"{', '.join(name + '.gz' for name in FMNIST_FILES)}")
+
+
+def _gunzip_if_stale(src, dst):
+    """Decompress ``src`` to ``dst`` unless ``dst`` already carries ``src``'s modification time.
+
+    Written to a temporary file in the same folder and renamed, so a reader (or a concurrent run)
+    never sees a half-written file; ``dst`` gets ``src``'s mtime, which marks it up to date.
+    """
+    src_stat = os.stat(src)
+    try:
+        if os.stat(dst).st_mtime_ns == src_stat.st_mtime_ns:
+            return False
+    except FileNotFoundError:
+        pass
+    handle, tmp = tempfile.mkstemp(prefix=os.path.basename(dst) + ".", suffix=".tmp", dir=os.path.dirname(dst))
+    try:
+        with os.fdopen(handle, "wb") as out, gzip.open(src, "rb") as raw:
+            shutil.copyfileobj(raw, out, 1 << 20)
+        os.chmod(tmp, 0o644)                        # mkstemp creates it private
+        os.utime(tmp, ns=(src_stat.st_atime_ns, src_stat.st_mtime_ns))
+        os.replace(tmp, dst)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return True
+
+
+def _read_fmnist_split(folder, usage):
+    """One split through ``mindspore.dataset.FashionMnistDataset``: (N,1,28,28) float32, int32 labels."""
+    data = ds.FashionMnistDataset(folder, usage=usage, shuffle=False, num_parallel_workers=1)
+    images, labels = [], []
+    for image, label in data.batch(10000).create_tuple_iterator(output_numpy=True, num_epochs=1):
+        images.append(image)                       # uint8 (B, 28, 28, 1)
+        labels.append(label)
+    x = np.concatenate(images).transpose(0, 3, 1, 2).astype(np.float32) / np.float32(255.0)
+    return np.ascontiguousarray(x), np.concatenate(labels).astype(np.int32)
+
+
+@functools.lru_cache(maxsize=2)
+def _fashion_mnist_cached(source, cache):
+    reason = fashion_mnist_missing(source)
+    if reason:
+        raise DataUnavailable(reason)
+    os.makedirs(cache, exist_ok=True)
+    for name in FMNIST_FILES:
+        _gunzip_if_stale(os.path.join(source, name + ".gz"), os.path.join(cache, name))
+    return (*_read_fmnist_split(cache, "train"), *_read_fmnist_split(cache, "test"))
+
+
+def fashion_mnist_arrays(source=None, cache=None):
+    """Fashion-MNIST (Xiao et al. 2017): 60000 training and 10000 test 28x28 grey images, 10 classes.
+
+    Read from the four ``.gz`` files in ``source`` (default ``$NGD_FMNIST_DIR``, else
+    ``/usr/share/datasets/fashion-mnist``, where Debian's ``dataset-fashion-mnist`` package puts
+    them). They are decompressed once into ``cache`` (default ``$NGD_DATA_CACHE``, else
+    ``~/.cache/mindspore_ngd/fashion-mnist``) and read with ``mindspore.dataset.FashionMnistDataset``.
+    Returns ``(x_train, y_train, x_test, y_test)``: float32 (N, 1, 28, 28) in [0, 1] and int32
+    labels, in file order. Kept in memory per (source, cache) for the life of the process; treat the
+    arrays as read-only. Raises :class:`DataUnavailable` (a ``FileNotFoundError``) when a file is
+    missing, saying how to get it.
+    """
+    return _fashion_mnist_cached(_fmnist_source(source), _fmnist_cache(cache))
+
+
+fashion_mnist_arrays.cache_clear = _fashion_mnist_cached.cache_clear
 
 
 class _ArraySource:

@@ -7,7 +7,8 @@ from mindspore import nn
 
 from model_zoo.resnet50.src.resnet import ResNetCifar
 
-__all__ = ["DigitsCNN", "MLP", "CNN1D", "DeepAutoencoder", "ResNetCifar", "resnet20"]
+__all__ = ["DigitsCNN", "MLP", "CNN1D", "DeepAutoencoder", "ConvPool2Dense2", "fmnist_mlp", "fmnist_2c2d",
+           "ResNetCifar", "resnet20"]
 
 
 class DigitsCNN(nn.Cell):
@@ -35,14 +36,18 @@ class DigitsCNN(nn.Cell):
 
 
 class MLP(nn.Cell):
-    """Fully connected ReLU network, e.g. ``MLP((40, 100, 100, 10))`` (MNIST-1D's MLP baseline)."""
+    """Fully connected ReLU network, e.g. ``MLP((40, 100, 100, 10))`` (MNIST-1D's MLP baseline).
 
-    def __init__(self, widths=(40, 100, 100, 10)):
+    ``flatten=True`` flattens each input example first (images straight in, e.g. NCHW)."""
+
+    def __init__(self, widths=(40, 100, 100, 10), flatten=False):
         super().__init__()
         self.layers = nn.CellList([nn.Dense(a, b) for a, b in zip(widths[:-1], widths[1:])])
         self.relu = nn.ReLU()
+        self.flatten = nn.Flatten() if flatten else nn.Identity()
 
     def construct(self, x):
+        x = self.flatten(x)
         for layer in self.layers[:-1]:
             x = self.relu(layer(x))
         return self.layers[-1](x)
@@ -93,6 +98,44 @@ class DeepAutoencoder(nn.Cell):
             if i != self.code_index and i != last:
                 x = self.sigmoid(x)
         return x
+
+
+class ConvPool2Dense2(nn.Cell):
+    """Two (5x5 'same' convolution, ReLU, 2x2 max-pool of stride 2) stages, then two dense layers.
+
+    With the defaults this is DeepOBS's ``fmnist_2c2d`` / ``mnist_2c2d`` network (Schneider, Balles &
+    Hennig, "DeepOBS: A Deep Learning Optimizer Benchmark Suite", ICLR 2019): 32 and 64 channels,
+    a 1024-unit ReLU layer and ``num_classes`` logits, for 28x28 single-channel images
+    (28 -> 14 -> 7). Weights use MindSpore's default initialisers, not DeepOBS's.
+    """
+
+    def __init__(self, in_channels=1, size=28, channels=(32, 64), hidden=1024, num_classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, channels[0], 5, pad_mode="same", has_bias=True)
+        self.conv2 = nn.Conv2d(channels[0], channels[1], 5, pad_mode="same", has_bias=True)
+        self.relu = nn.ReLU()
+        self.pool = nn.MaxPool2d(2, 2)
+        self.flatten = nn.Flatten()
+        side = size // 4
+        self.fc1 = nn.Dense(channels[1] * side * side, hidden)
+        self.fc2 = nn.Dense(hidden, num_classes)
+
+    def construct(self, x):
+        x = self.pool(self.relu(self.conv1(x)))
+        x = self.pool(self.relu(self.conv2(x)))
+        x = self.relu(self.fc1(self.flatten(x)))
+        return self.fc2(x)
+
+
+def fmnist_mlp(num_classes=10):
+    """DeepOBS's ``fmnist_mlp`` network (Schneider et al. 2019): flattened 28x28 input, ReLU MLP
+    784-1000-500-100-``num_classes``. Takes (N, 1, 28, 28) images."""
+    return MLP((28 * 28, 1000, 500, 100, num_classes), flatten=True)
+
+
+def fmnist_2c2d(num_classes=10):
+    """DeepOBS's ``fmnist_2c2d`` network (Schneider et al. 2019), see :class:`ConvPool2Dense2`."""
+    return ConvPool2Dense2(num_classes=num_classes)
 
 
 def resnet20(num_classes=10):

@@ -2,11 +2,13 @@
 
 Each :class:`Task` knows how to load its arrays (already shaped for its network), build a fresh
 network, the training loss cell, and how to evaluate a network on the whole training and test sets
-(in NumPy, from the network's outputs). Used by :mod:`benchmarks.convergence`.
+(in NumPy, from the network's outputs). A task whose data or package is missing on this machine says
+so (:meth:`Task.unavailable_reason`) and is skipped. Used by :mod:`benchmarks.convergence`.
 """
 import functools
+import importlib.util
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -36,6 +38,12 @@ class Task:
     ``kind`` is ``"classification"`` (metric: test accuracy, higher is better; target: Momentum's best
     test accuracy) or ``"autoencoder"`` (metric: test loss, lower is better; target: Momentum's final
     training loss).
+
+    ``missing`` (optional) returns ``None`` when the task's data can be loaded, else how to get it;
+    it must be cheap (look for files or packages, load nothing). ``lrs`` (optional) replaces the
+    learning-rate grid of an optimizer family, ``{"sgd": (...), "adam": (...)}`` (see
+    :class:`benchmarks.convergence.OptimizerSpec`), e.g. for large batches. ``eval_batch`` bounds the
+    examples per evaluation call.
     """
     name: str
     description: str
@@ -45,6 +53,16 @@ class Task:
     epochs: int
     quick_epochs: int
     batch_size: int
+    missing: Optional[Callable[[], Optional[str]]] = None
+    lrs: Optional[dict] = None
+    eval_batch: int = 5000
+
+    def unavailable_reason(self):
+        """``None`` if the task can run here, else one line saying how to get its data."""
+        return self.missing() if self.missing is not None else None
+
+    def available(self):
+        return self.unavailable_reason() is None
 
     @property
     def metric(self):
@@ -69,7 +87,7 @@ class Task:
         return nn.BCEWithLogitsLoss(reduction="mean")
 
     def evaluate(self, outputs, y_train, y_test):
-        """Metrics from the network's outputs on ``concat(x_train, x_test)`` (one eval-mode call)."""
+        """Metrics from the network's outputs on ``concat(x_train, x_test)`` (eval mode)."""
         n = len(y_train)
         train_out, test_out = outputs[:n], outputs[n:]
         if self.kind == "classification":
@@ -78,6 +96,18 @@ class Task:
                     "test_acc": float((test_out.argmax(1) == y_test).mean())}
         return {"train_loss": _binary_cross_entropy(train_out, y_train),
                 "test_loss": _binary_cross_entropy(test_out, y_test)}
+
+
+def _needs_package(module, install):
+    def missing():
+        if importlib.util.find_spec(module) is None:
+            return f"needs the {module} package: {install}"
+        return None
+    return missing
+
+
+_NEEDS_SKLEARN = _needs_package("sklearn", "pip install scikit-learn (or the bench extra: pip install -e '.[bench]')")
+_NEEDS_MNIST1D = _needs_package("mnist1d", "pip install mnist1d (or the bench extra: pip install -e '.[bench]')")
 
 
 def _digits_images():
@@ -99,20 +129,46 @@ def _mnist1d_nchw():
     return x_train[:, None, None, :], y_train, x_test[:, None, None, :], y_test
 
 
+def _fmnist():
+    return data.fashion_mnist_arrays()
+
+
+_FMNIST = "Fashion-MNIST (60000 train / 10000 test 28x28 images, Debian package dataset-fashion-mnist)"
+
+
 TASKS = {task.name: task for task in (
     Task("digits-cnn", "scikit-learn digits (1437 train / 360 test 8x8 images), DigitsCNN "
          "(2 conv + 2 dense), softmax cross-entropy", "classification", _digits_images, models.DigitsCNN,
-         epochs=10, quick_epochs=2, batch_size=64),
+         epochs=10, quick_epochs=2, batch_size=64, missing=_NEEDS_SKLEARN),
     Task("mnist1d-mlp", "MNIST-1D (4000 train / 1000 test signals of length 40, regenerated offline), "
          "MLP 40-100-100-10 ReLU, softmax cross-entropy", "classification", _mnist1d_flat, models.MLP,
-         epochs=20, quick_epochs=2, batch_size=100),
+         epochs=20, quick_epochs=2, batch_size=100, missing=_NEEDS_MNIST1D),
     Task("mnist1d-cnn", "MNIST-1D, 1-D CNN (3 stride-2 convolutions of 25 channels + dense), softmax "
          "cross-entropy", "classification", _mnist1d_nchw, models.CNN1D,
-         epochs=15, quick_epochs=2, batch_size=100),
+         epochs=15, quick_epochs=2, batch_size=100, missing=_NEEDS_MNIST1D),
     # tanh rather than the classic logistic units: with sigmoid units, Momentum, Adam (1e-3) and
     # K-FAC all stayed on the mean-image plateau (BCE ~0.425) for 40 epochs in a design-time trial
     Task("digits-autoencoder", "scikit-learn digits as 64-vectors in [0, 1], deep autoencoder "
          "64-128-64-32-8-32-64-128-64 (tanh, linear 8-unit code, output logits), binary cross-entropy",
          "autoencoder", _digits_flat, functools.partial(models.DeepAutoencoder, activation="tanh"),
-         epochs=15, quick_epochs=2, batch_size=64),
+         epochs=15, quick_epochs=2, batch_size=64, missing=_NEEDS_SKLEARN),
+    # DeepOBS's Fashion-MNIST problems (Schneider et al. 2019), at DeepOBS's batch size 128; budgets
+    # kept short for a CPU (Momentum: about 7 s per epoch for the MLP, 84 s for 2c2d on 2 cores)
+    Task("fmnist-mlp", _FMNIST + ", DeepOBS fmnist_mlp (ReLU MLP 784-1000-500-100-10), softmax "
+         "cross-entropy, batch 128", "classification", _fmnist, models.fmnist_mlp,
+         epochs=12, quick_epochs=1, batch_size=128, missing=data.fashion_mnist_missing),
+    Task("fmnist-2c2d", _FMNIST + ", DeepOBS fmnist_2c2d (two 5x5 conv + max-pool stages of 32 and 64 "
+         "channels, dense 1024, dense 10), softmax cross-entropy, batch 128", "classification", _fmnist,
+         models.fmnist_2c2d, epochs=6, quick_epochs=1, batch_size=128, missing=data.fashion_mnist_missing),
+    # large batches: few steps per epoch, the regime in which curvature information is expected to help
+    # most. They keep the default grids: in a design-time probe (seed 0) raising Momentum's rate hurt at
+    # large batch (digits b512, 60 epochs: best test acc 0.97 / 0.96 / 0.69 / 0.40 at lr 0.03 / 0.1 /
+    # 0.3 / 1.0; Fashion-MNIST MLP b1024: lr 1.0 gave NaN, 0.3 stalled at 0.25 after an epoch), and
+    # Adam's best was 1e-2 (0.986 vs 0.983 at 3e-2). ``lrs=`` is there if a measurement says otherwise.
+    Task("fmnist-mlp-b1024", _FMNIST + ", DeepOBS fmnist_mlp, softmax cross-entropy, batch 1024 "
+         "(58 steps per epoch)", "classification", _fmnist, models.fmnist_mlp,
+         epochs=20, quick_epochs=2, batch_size=1024, missing=data.fashion_mnist_missing),
+    Task("digits-cnn-b512", "scikit-learn digits (1437 train / 360 test 8x8 images), DigitsCNN, softmax "
+         "cross-entropy, batch 512 (2 steps per epoch)", "classification", _digits_images, models.DigitsCNN,
+         epochs=60, quick_epochs=10, batch_size=512, missing=_NEEDS_SKLEARN),
 )}
