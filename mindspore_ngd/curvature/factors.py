@@ -48,10 +48,13 @@ def _gram(rows_first):
 
 
 def kept_rows(rows, fraction):
-    """``m = max(1, ceil(fraction * rows))``: how many leading rows (examples) the statistics use."""
+    """``m = max(1, ceil(fraction * rows))``: how many leading rows (examples) the statistics use.
+
+    The product is rounded to 9 decimals first, so that float error does not add a row
+    (``0.07 * 100`` is 7.000000000000001 in binary floating point: 7 rows, not 8)."""
     if fraction >= 1.0:
         return rows
-    return min(rows, max(1, math.ceil(fraction * rows)))
+    return min(rows, max(1, math.ceil(round(fraction * rows, 9))))
 
 
 def kept_examples(x, fraction):

@@ -5,7 +5,8 @@ examples (set S, the first m) and T' of the T output positions (set S', rows and
     A = (T/T') (1/m) sum_{b in S, t in S'} abar abar^T,   G = (1/(m T')) sum_{b in S, t in S'} g g^T,
 
 with ``g = B dy`` the per-example output gradient (Dense: T = T' = 1). The factors are read from the
-optimizer after one step with ``factor_decay=0`` (the first capture initialises the average)."""
+optimizer after one step with ``factor_decay=0`` (the first capture initialises the average). Cases that repeat a default
+one on another geometry or layer kind are marked slow."""
 import math
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 from mindspore import nn, Tensor
 
 import mindspore_ngd as ngd
+from mindspore_ngd.curvature import factors
 from nets import CONV_CASES, DenseNet, make_conv_net, set_weights
 from reference import numpy_kfac as ref
 
@@ -28,6 +30,12 @@ def w(param):
 # ------------------------------------------------------------------ reference (explicit sums, float64)
 def kept(batch, fraction):
     return max(1, math.ceil(fraction * batch))
+
+
+@pytest.mark.parametrize("rows, fraction, expected", [
+    (6, 0.5, 3), (7, 0.5, 4), (5, 0.1, 1), (3, 0.01, 1), (8, 1.0, 8), (100, 0.07, 7), (10, 0.7, 7), (50, 0.14, 7)])
+def test_kept_rows_is_the_ceiling_of_the_exact_product(rows, fraction, expected):
+    assert factors.kept_rows(rows, fraction) == expected     # 0.07 * 100 = 7.000000000000001 in float
 
 
 def dense_subsampled(a, dy, has_bias, fraction):
@@ -115,7 +123,9 @@ def dense_batch(seed, batch):
 
 
 # ------------------------------------------------------------------ Dense
-@pytest.mark.parametrize("batch, fraction", [(6, 0.5), (7, 0.5), (5, 0.1)], ids=["m3of6", "m4of7", "m1of5"])
+@pytest.mark.parametrize("batch, fraction", [
+    pytest.param(6, 0.5, marks=pytest.mark.slow), (7, 0.5), pytest.param(5, 0.1, marks=pytest.mark.slow)],
+    ids=["m3of6", "m4of7", "m1of5"])
 def test_dense_factors_from_first_rows_match_reference(batch, fraction):
     net, x, y = dense_batch(0, batch)
     layers = dense_layers(net, x, y)
@@ -165,7 +175,7 @@ def test_dense_on_sequences_subsamples_rows():
 # CONV_CASES[0]: 3x3 'same' stride 1 (7x7 out); [1]: 'same' stride 2 (4x4 out, no bias);
 # [3]: 'pad' (1, 0, 2, 1) stride 2 (3x4 out); [4]: 'pad' 1, stride (1, 2), dilation (2, 1) (5x4 out)
 @pytest.mark.parametrize("case, fraction, stride", [
-    (CONV_CASES[0], 1.0, 2), (CONV_CASES[0], 0.5, 1), (CONV_CASES[1], 0.6, 3),
+    (CONV_CASES[0], 1.0, 2), pytest.param(CONV_CASES[0], 0.5, 1, marks=pytest.mark.slow), (CONV_CASES[1], 0.6, 3),
     (CONV_CASES[3], 1.0, 2), (CONV_CASES[3], 0.5, 1), (CONV_CASES[4], 0.5, 2)],
     ids=["same-s1-stride2", "same-s1-half", "same-s2-f06-stride3", "pad-s2-stride2", "pad-s2-half",
          "pad-dil-half-stride2"])
@@ -185,6 +195,7 @@ def test_conv_factors_from_subsample_match_reference(case, fraction, stride):
         assert got["conv"][0][-1, -1] == patches.shape[1]
 
 
+@pytest.mark.slow
 def test_conv_stride_as_large_as_the_output_keeps_one_position():
     rng = np.random.default_rng(2)
     net, x, y, geometry = make_conv_net(CONV_CASES[3], rng)      # 3x4 output
@@ -205,7 +216,7 @@ def test_defaults_are_the_full_statistics():
         assert block.capture.stat_fraction == 1.0 and block.capture.stat_stride == 1
 
 
-@pytest.mark.parametrize("kind", ["dense", "conv"])
+@pytest.mark.parametrize("kind", [pytest.param("dense", marks=pytest.mark.slow), "conv"])
 def test_fraction_keeping_every_example_is_bit_identical_to_the_full_batch(kind):
     """ceil(0.8 * 4) = 4 = B (conv), ceil(0.9 * 6) = 6 = B (Dense): the same factors, bit for bit."""
     def run(**kwargs):
@@ -221,7 +232,7 @@ def test_fraction_keeping_every_example_is_bit_identical_to_the_full_batch(kind)
         np.testing.assert_array_equal(same[name][1], full[name][1])
 
 
-@pytest.mark.parametrize("kind", ["dense", "conv"])
+@pytest.mark.parametrize("kind", ["dense", pytest.param("conv", marks=pytest.mark.slow)])
 def test_fraction_is_unbiased_over_rotations_of_the_batch(kind):
     """Over the B rotations of a batch every example is among the first m exactly m times, so the
     mean of the subsampled A and G equals the full-batch A and G (learning rate 0: the weights do
