@@ -24,9 +24,11 @@ over all B examples (``g = B dy``):
 * Conv2d: ``A = (T/T') (1/m) sum_{b in S, t in S'} abar abar^T`` (with a bias the corner entry stays
   T), ``G = (1/(m T')) sum_{S, S'} g g^T = (B^2/(m T')) sum_{S, S'} dy dy^T``.
 
-Both are unbiased for their full-batch values when S and S' are random (for the fixed strided S'
-they are consistent estimates, exact when the statistics do not vary with the position). With
-f = 1 and s = 1 the formulas, and the graph, are the full ones. The trace probes
+Over a random subset S of examples the estimates are unbiased for the full-batch A and G. The
+position grid S' is fixed, not random: it estimates the full position sum/average as KFC's own
+spatial-homogeneity assumption does (exactly when the statistics do not depend on the position).
+With f = 1 and s = 1 the formulas, and the graph, are the full ones (no slice, no extra op); m is
+``ceil`` of ``f * B`` rounded to 9 decimals, so that float error does not add an example. The trace probes
 (:func:`dense_input_trace`, :func:`conv_input_trace`, :func:`output_trace`), the loss-scale probe's
 :func:`output_sum` and the unit-wise BatchNorm Fisher always use the whole batch.
 
@@ -37,8 +39,9 @@ import math
 import mindspore as ms
 from mindspore import ops
 
-__all__ = ["kept_rows", "kept_examples", "output_sum", "dense_input_factor", "dense_output_factor", "conv_input_factor", "conv_output_factor",
-           "conv_patches", "same_padding", "dense_input_trace", "conv_input_trace", "output_trace",
+__all__ = ["kept_rows", "kept_examples", "output_sum", "dense_input_factor", "dense_output_factor",
+           "conv_input_factor", "conv_output_factor", "conv_patches", "same_padding", "dense_input_trace",
+           "conv_input_trace", "output_trace",
            "unit_probe", "normalized_input", "unit_fisher", "unit_natural_gradient"]
 
 

@@ -114,8 +114,8 @@ class SPNGD(NGDOptimizer):
         floor = _validate.non_negative_float("weight_decay", weight_decay)
         policy = Policy(name="spngd", refresh=StaleIntervals(refresh_threshold, max_interval, stale),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip,
-                        jitter=jitter, batchnorm_damping=batchnorm_damping, damping_floor=floor, fisher=fisher, adaptive_damping=adaptive_damping,
-                        stat_fraction=stat_fraction, stat_stride=stat_stride)
+                        jitter=jitter, batchnorm_damping=batchnorm_damping, damping_floor=floor, fisher=fisher,
+                        adaptive_damping=adaptive_damping, stat_fraction=stat_fraction, stat_stride=stat_stride)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=nesterov, decay_filter=decay_filter,

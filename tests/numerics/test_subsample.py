@@ -5,8 +5,8 @@ examples (set S, the first m) and T' of the T output positions (set S', rows and
     A = (T/T') (1/m) sum_{b in S, t in S'} abar abar^T,   G = (1/(m T')) sum_{b in S, t in S'} g g^T,
 
 with ``g = B dy`` the per-example output gradient (Dense: T = T' = 1). The factors are read from the
-optimizer after one step with ``factor_decay=0`` (the first capture initialises the average). Cases that repeat a default
-one on another geometry or layer kind are marked slow."""
+optimizer after one step with ``factor_decay=0`` (the first capture initialises the average). Cases
+that repeat a default one on another geometry or layer kind are marked slow."""
 import math
 
 import numpy as np
