@@ -38,6 +38,15 @@ def float_in_range(name, value, low, high, high_inclusive=False):
     return float(value)
 
 
+def fraction(name, value):
+    """A float in (0, 1]."""
+    if not _is_number(value):
+        raise TypeError(f"{name} must be a float in (0, 1], got {type(value).__name__} {value!r}")
+    if not np.isfinite(value) or value <= 0 or value > 1:
+        raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+    return float(value)
+
+
 def int_at_least(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")

@@ -189,9 +189,16 @@ class LayerCapture(nn.Cell):
     ``capture_a`` / ``capture_g`` are set for the *next* step, only through the optimizer's
     :class:`CaptureControl`. Parameter names are ``{prefix}.{layer}.a_batch`` etc., deterministic and
     unique per optimizer prefix.
+
+    ``stat_fraction`` and ``stat_stride`` (validated by :class:`mindspore_ngd.Policy`) subsample the
+    batch A and G: the first ``max(1, ceil(stat_fraction * B))`` examples (rows) and, for a Conv2d,
+    every ``stat_stride``-th output position per spatial axis, rescaled as in
+    :mod:`mindspore_ngd.curvature.factors`. The trace probes and the output-gradient sum always use
+    the whole batch.
     """
 
-    def __init__(self, spec, prefix, loss_scale=1.0, traces=False, sums_gradient=False):
+    def __init__(self, spec, prefix, loss_scale=1.0, traces=False, sums_gradient=False, stat_fraction=1.0,
+                 stat_stride=1):
         super().__init__(auto_prefix=False)
         self.spec = spec
         base = f"{prefix}.{spec.name}"
@@ -207,6 +214,8 @@ class LayerCapture(nn.Cell):
         self.dilation = spec.dilation
         self.pad_mode = spec.pad_mode
         self.padding = spec.padding
+        self.stat_fraction = float(stat_fraction)
+        self.stat_stride = int(stat_stride) if self.is_conv else 1     # Dense layers have no positions
         self.grad_hook = ops.InsertGradientOf(self.save_output_factor)
         # trace probes (THOR's trace rule): trace(A) / trace(G) of the batch, without forming the
         # factors, on steps whose trace_a / trace_g flag is set; the buffers exist only when asked for
@@ -232,13 +241,14 @@ class LayerCapture(nn.Cell):
     def input_factor(self, x):
         if self.is_conv:
             return factors.conv_input_factor(x, self.kernel_size, self.stride, self.dilation,
-                                             self.pad_mode, self.padding, self.has_bias)
-        return factors.dense_input_factor(x, self.has_bias)
+                                             self.pad_mode, self.padding, self.has_bias, self.stat_fraction,
+                                             self.stat_stride)
+        return factors.dense_input_factor(x, self.has_bias, self.stat_fraction)
 
     def output_factor(self, dy):
         if self.is_conv:
-            return factors.conv_output_factor(dy, self.g_scale)
-        return factors.dense_output_factor(dy, self.g_scale)
+            return factors.conv_output_factor(dy, self.g_scale, self.stat_fraction, self.stat_stride)
+        return factors.dense_output_factor(dy, self.g_scale, self.stat_fraction)
 
     def capture_input(self, x):
         if self.capture_a:

@@ -12,13 +12,36 @@ B examples whose training loss is the MEAN of the per-example losses l_b:
 * ``g_scale`` multiplies G: it is ``1 / loss_scale**2`` so that G is computed from unscaled
   gradients.
 
+Subsampled statistics (``stat_fraction`` f and ``stat_stride`` s of :class:`mindspore_ngd.Policy`).
+A and G may be estimated from the first ``m = max(1, ceil(f * B))`` examples S of the batch (rows,
+for a Dense input flattened to rows; the training data is shuffled, so they are a random subset)
+and, for a Conv2d, from the T' output positions S' in rows 0, s, 2s, ... and columns 0, s, 2s, ...
+(``T' = ceil(H_out/s) * ceil(W_out/s)``). Each sum is rescaled to estimate the full one: A sums
+over positions per example, G averages over them, and dy is still the gradient of the mean loss
+over all B examples (``g = B dy``):
+
+* Dense: ``A = (1/m) sum_{b in S} abar abar^T``, ``G = (1/m) sum_{b in S} g g^T = (B^2/m) sum_S dy dy^T``.
+* Conv2d: ``A = (T/T') (1/m) sum_{b in S, t in S'} abar abar^T`` (with a bias the corner entry stays
+  T), ``G = (1/(m T')) sum_{S, S'} g g^T = (B^2/(m T')) sum_{S, S'} dy dy^T``.
+
+Over a random subset S of examples the estimates are unbiased for the full-batch A and G. The
+position grid S' is fixed, not random: it estimates the full position sum/average as KFC's own
+spatial-homogeneity assumption does (exactly when the statistics do not depend on the position).
+With f = 1 and s = 1 the formulas, and the graph, are the full ones (no slice, no extra op); m is
+``ceil`` of ``f * B`` rounded to 9 decimals, so that float error does not add an example. The trace probes
+(:func:`dense_input_trace`, :func:`conv_input_trace`, :func:`output_trace`), the loss-scale probe's
+:func:`output_sum` and the unit-wise BatchNorm Fisher always use the whole batch.
+
 All statistics are float32 whatever the network's dtype.
 """
+import math
+
 import mindspore as ms
 from mindspore import ops
 
-__all__ = ["output_sum", "dense_input_factor", "dense_output_factor", "conv_input_factor", "conv_output_factor",
-           "conv_patches", "same_padding", "dense_input_trace", "conv_input_trace", "output_trace",
+__all__ = ["kept_rows", "kept_examples", "output_sum", "dense_input_factor", "dense_output_factor",
+           "conv_input_factor", "conv_output_factor", "conv_patches", "same_padding", "dense_input_trace",
+           "conv_input_trace", "output_trace",
            "unit_probe", "normalized_input", "unit_fisher", "unit_natural_gradient"]
 
 
@@ -27,20 +50,45 @@ def _gram(rows_first):
     return ops.matmul(rows_first.transpose(1, 0), rows_first)
 
 
-def dense_input_factor(x, has_bias):
-    """A of a Dense layer from its 2-D input (rows, in)."""
-    x = ops.cast(x, ms.float32)
+def kept_rows(rows, fraction):
+    """``m = max(1, ceil(fraction * rows))``: how many leading rows (examples) the statistics use.
+
+    The product is rounded to 9 decimals first, so that float error does not add a row
+    (``0.07 * 100`` is 7.000000000000001 in binary floating point: 7 rows, not 8)."""
+    if fraction >= 1.0:
+        return rows
+    return min(rows, max(1, math.ceil(round(fraction * rows, 9))))
+
+
+def kept_examples(x, fraction):
+    """``(x[:m], m)``: the first ``m`` examples (axis 0) of a batch of static size; ``x`` itself
+    (no slice in the graph) when ``m`` is the whole batch."""
     rows = x.shape[0]
+    kept = kept_rows(rows, fraction)
+    if kept == rows:
+        return x, rows
+    return x[:kept], kept
+
+
+def dense_input_factor(x, has_bias, fraction=1.0):
+    """A of a Dense layer from its 2-D input (rows, in), from the first ``m`` rows (see the module
+    docstring)."""
+    x = ops.cast(x, ms.float32)
+    x, rows = kept_examples(x, fraction)
     if has_bias:
         x = ops.concat((x, ops.ones((rows, 1), ms.float32)), 1)
     return _gram(x) / rows
 
 
-def dense_output_factor(dy, g_scale):
-    """G of a Dense layer from the gradient of the mean loss w.r.t. its 2-D output (rows, out)."""
+def dense_output_factor(dy, g_scale, fraction=1.0):
+    """G of a Dense layer from the gradient of the mean loss w.r.t. its 2-D output (rows, out):
+    ``(B^2/m) * sum_{first m rows} dy dy^T`` (``B * sum dy dy^T`` when m = B)."""
     dy = ops.cast(dy, ms.float32)
     rows = dy.shape[0]
-    return _gram(dy) * (rows * g_scale)
+    dy, kept = kept_examples(dy, fraction)
+    if kept == rows:
+        return _gram(dy) * (rows * g_scale)
+    return _gram(dy) * (rows * (rows / kept) * g_scale)
 
 
 def same_padding(size, kernel, stride, dilation):
@@ -90,50 +138,90 @@ def conv_input_trace(x, kernel_size, stride, dilation, pad_mode, padding, has_bi
     return trace
 
 
-def _padded(x, kernel_size, stride, dilation, pad_mode, padding):
+def _pads(height, width, kernel_size, stride, dilation, pad_mode, padding):
+    """(top, bottom, left, right) zero padding of the layer (static, from the input's spatial size)."""
     if pad_mode == "same":
-        top, bottom = same_padding(x.shape[2], kernel_size[0], stride[0], dilation[0])
-        left, right = same_padding(x.shape[3], kernel_size[1], stride[1], dilation[1])
-    elif pad_mode == "pad":
+        top, bottom = same_padding(height, kernel_size[0], stride[0], dilation[0])
+        left, right = same_padding(width, kernel_size[1], stride[1], dilation[1])
+        return top, bottom, left, right
+    if pad_mode == "pad":
         top, bottom, left, right = padding
-    else:
-        top, bottom, left, right = 0, 0, 0, 0
+        return top, bottom, left, right
+    return 0, 0, 0, 0
+
+
+def _padded(x, kernel_size, stride, dilation, pad_mode, padding):
+    top, bottom, left, right = _pads(x.shape[2], x.shape[3], kernel_size, stride, dilation, pad_mode, padding)
     if top + bottom + left + right > 0:
         x = ops.pad(x, (left, right, top, bottom))
     return x
 
 
-def conv_patches(x, kernel_size, stride, dilation, pad_mode, padding):
+def _output_size(padded, kernel, stride, dilation):
+    return (padded - (kernel - 1) * dilation - 1) // stride + 1
+
+
+def conv_patches(x, kernel_size, stride, dilation, pad_mode, padding, position_stride=1):
     """im2col patches of an NCHW input: (N, C*kh*kw, T), rows ordered like the flattened weight.
 
-    ``padding`` is (top, bottom, left, right) for ``pad_mode='pad'``; it is ignored otherwise.
+    ``padding`` is (top, bottom, left, right) for ``pad_mode='pad'``; it is ignored otherwise. With
+    ``position_stride`` s > 1 only the output positions in rows 0, s, 2s, ... and columns 0, s, 2s,
+    ... are extracted (``ceil(H_out/s) * ceil(W_out/s)`` of them): the windows of output position
+    ``i*s`` start at ``i*s*stride`` in the padded input, so this is im2col of the same padded input
+    with stride ``stride * s``.
     """
     x = _padded(ops.cast(x, ms.float32), kernel_size, stride, dilation, pad_mode, padding)
+    if position_stride > 1:
+        stride = (stride[0] * position_stride, stride[1] * position_stride)
     return ops.unfold(x, kernel_size, dilation, 0, stride)
 
 
-def conv_input_factor(x, kernel_size, stride, dilation, pad_mode, padding, has_bias):
-    """A of a Conv2d layer (groups = 1) from its NCHW input."""
-    patches = conv_patches(x, kernel_size, stride, dilation, pad_mode, padding)
-    batch, dim, positions = patches.shape
+def conv_input_factor(x, kernel_size, stride, dilation, pad_mode, padding, has_bias, fraction=1.0,
+                      position_stride=1):
+    """A of a Conv2d layer (groups = 1) from its NCHW input; from the first ``m`` examples and
+    every ``position_stride``-th output position per axis, rescaled by ``T/T'`` (module docstring)."""
+    full_batch = x.shape[0]
+    x, batch = kept_examples(x, fraction)
+    patches = conv_patches(x, kernel_size, stride, dilation, pad_mode, padding, position_stride)
+    _, dim, positions = patches.shape
     cols = patches.transpose(1, 0, 2).reshape(dim, batch * positions)
-    a = ops.matmul(cols, cols.transpose(1, 0)) / batch
+    if batch == full_batch and position_stride == 1:
+        a = ops.matmul(cols, cols.transpose(1, 0)) / batch
+        if has_bias:
+            # the appended 1 contributes a column of patch sums and a corner of T (= sum_t 1 per example)
+            col_sum = cols.sum(1, keepdims=True) / batch
+            corner = ops.fill(ms.float32, (1, 1), float(positions))
+            a = ops.concat((ops.concat((a, col_sum), 1),
+                            ops.concat((col_sum.transpose(1, 0), corner), 1)), 0)
+        return a
+    # subsampled: T = all output positions of the layer, T' = the kept ones
+    top, bottom, left, right = _pads(x.shape[2], x.shape[3], kernel_size, stride, dilation, pad_mode, padding)
+    total = _output_size(x.shape[2] + top + bottom, kernel_size[0], stride[0], dilation[0]) \
+        * _output_size(x.shape[3] + left + right, kernel_size[1], stride[1], dilation[1])
+    scale = total / (positions * batch)
+    a = ops.matmul(cols, cols.transpose(1, 0)) * scale
     if has_bias:
-        # the appended 1 contributes a column of patch sums and a corner of T (= sum_t 1 per example)
-        col_sum = cols.sum(1, keepdims=True) / batch
-        corner = ops.fill(ms.float32, (1, 1), float(positions))
+        col_sum = cols.sum(1, keepdims=True) * scale
+        corner = ops.fill(ms.float32, (1, 1), float(total))
         a = ops.concat((ops.concat((a, col_sum), 1),
                         ops.concat((col_sum.transpose(1, 0), corner), 1)), 0)
     return a
 
 
-def conv_output_factor(dy, g_scale):
-    """G of a Conv2d layer from the gradient of the mean loss w.r.t. its NCHW output."""
+def conv_output_factor(dy, g_scale, fraction=1.0, position_stride=1):
+    """G of a Conv2d layer from the gradient of the mean loss w.r.t. its NCHW output; from the first
+    ``m`` examples and ``dy[:, :, ::s, ::s]``: ``(B^2/(m T')) sum dy dy^T`` (module docstring)."""
     dy = ops.cast(dy, ms.float32)
-    batch, channels = dy.shape[0], dy.shape[1]
+    full_batch = dy.shape[0]
+    dy, batch = kept_examples(dy, fraction)
+    if position_stride > 1:
+        dy = dy[:, :, ::position_stride, ::position_stride]
+    channels = dy.shape[1]
     positions = dy.shape[2] * dy.shape[3]
     cols = dy.reshape(batch, channels, positions).transpose(1, 0, 2).reshape(channels, -1)
-    return ops.matmul(cols, cols.transpose(1, 0)) * (g_scale * batch / positions)
+    if batch == full_batch and position_stride == 1:
+        return ops.matmul(cols, cols.transpose(1, 0)) * (g_scale * batch / positions)
+    return ops.matmul(cols, cols.transpose(1, 0)) * (g_scale * full_batch * (full_batch / batch) / positions)
 
 
 # ---------------------------------------------------------------- unit-wise BatchNorm statistics

@@ -53,10 +53,13 @@ class KroneckerBlock(nn.Cell):
         damping_split, inverse_method, jitter: as :class:`mindspore_ngd.Policy`.
         sums_gradient (bool): the capture also records the output-gradient sum that
             :class:`mindspore_ngd.capture.LossScaleProbe` reads.
+        stat_fraction, stat_stride: batch statistics from a subsample, as :class:`mindspore_ngd.Policy`
+            (passed to the :class:`~mindspore_ngd.capture.LayerCapture`).
     """
 
     def __init__(self, spec, prefix, weight_index, bias_index, owned=True, split_dim=None, loss_scale=1.0,
-                 traces=False, damping_split="pi", inverse_method="cholesky", jitter=1e-6, sums_gradient=False):
+                 traces=False, damping_split="pi", inverse_method="cholesky", jitter=1e-6, sums_gradient=False,
+                 stat_fraction=1.0, stat_stride=1):
         if inverse_method not in inv_ops.INVERSE_METHODS:       # "auto" is resolved by the optimizer
             raise ValueError(f"inverse_method must be one of {list(inv_ops.INVERSE_METHODS)}, got {inverse_method!r}")
         super().__init__(auto_prefix=False)
@@ -78,7 +81,7 @@ class KroneckerBlock(nn.Cell):
         self.g_updates = Parameter(Tensor(0, ms.int32), name=f"{base}.G_updates", requires_grad=False)
         self.has_inverse = Parameter(Tensor(False), name=f"{base}.has_inverse", requires_grad=False)
         self.demoted = Parameter(Tensor(False), name=f"{base}.demoted", requires_grad=False)
-        self.capture = LayerCapture(spec, prefix, loss_scale, traces, sums_gradient)
+        self.capture = LayerCapture(spec, prefix, loss_scale, traces, sums_gradient, stat_fraction, stat_stride)
 
     # ------------------------------------------------------------------ factors
     def factors(self):

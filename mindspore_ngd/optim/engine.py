@@ -164,7 +164,8 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         self.blocks = nn.CellList([
             KroneckerBlock(s, prefix, index[s.weight_name], index[s.bias_name] if s.has_bias else -1, mine,
                            policy.split_dim, loss_scale, traces, policy.damping_split, policy.inverse_method,
-                           policy.jitter, k == reference) for k, (s, mine) in enumerate(zip(specs, owned))],
+                           policy.jitter, k == reference, policy.stat_fraction, policy.stat_stride)
+            for k, (s, mine) in enumerate(zip(specs, owned))],
             auto_prefix=False)
         self.norm_blocks = nn.CellList([
             UnitBatchNormBlock(s, prefix, index[s.gamma_name], index[s.beta_name], loss_scale) for s in norm_specs],

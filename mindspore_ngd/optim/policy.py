@@ -47,6 +47,15 @@ class Policy:
             falls back when they undershoot (:mod:`mindspore_ngd.optim.guard`); the given damping is
             the start and the floor.
         max_damping_boost: the largest factor adaptive damping may reach (>= 1).
+        stat_fraction: float in (0, 1]; the batch A and G of every Dense/Conv2d layer are computed
+            from the first ``m = max(1, ceil(stat_fraction * B))`` examples of the batch (rows, for a
+            Dense input flattened to rows), rescaled to estimate the full-batch factors (see
+            :mod:`mindspore_ngd.curvature.factors`). 1 (default) uses the whole batch.
+        stat_stride: int >= 1; Conv2d A and G use only the output positions in rows 0, s, 2s, ...
+            and columns 0, s, 2s, ... (``dy[:, :, ::s, ::s]`` and the im2col patches of those
+            positions), A rescaled by ``T / T'``; Dense layers ignore it. 1 (default) uses every
+            position. Neither option subsamples THOR's trace probes, the loss-scale probe or the
+            unit-wise BatchNorm Fisher.
     """
     name: str = "kfac"
     refresh: Union[FixedInterval, StaleIntervals, GrowingInterval] = FixedInterval()
@@ -61,6 +70,8 @@ class Policy:
     fisher: str = "empirical"
     adaptive_damping: bool = True
     max_damping_boost: float = 1e4
+    stat_fraction: float = 1.0
+    stat_stride: int = 1
 
     def validated(self):
         """The policy itself, after checking every field (TypeError/ValueError naming the field)."""
@@ -83,6 +94,8 @@ class Policy:
             raise TypeError(f"adaptive_damping must be a bool, got {type(self.adaptive_damping).__name__}")
         _validate.float_in_range("max_damping_boost", self.max_damping_boost, 1.0, float("inf"),
                                  high_inclusive=True)
+        _validate.fraction("stat_fraction", self.stat_fraction)
+        _validate.positive_int("stat_stride", self.stat_stride)
         return self
 
     def resolved(self, device_target=None):

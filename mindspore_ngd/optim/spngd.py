@@ -83,6 +83,13 @@ class SPNGD(NGDOptimizer):
         strict (bool): raise a RuntimeError when a preconditioned layer captures nothing on its first
             capture step (its construct is never called, e.g. ``out_proj`` of
             ``nn.MultiheadAttention``); False (default) demotes it to the plain update with a WARNING.
+        stat_fraction (float): in (0, 1]; compute the batch A and G from the first
+            ``max(1, ceil(stat_fraction * B))`` examples of each batch (a random subset when the data
+            is shuffled), rescaled to estimate the full-batch factors. Default 1 (whole batch).
+        stat_stride (int): >= 1; Conv2d A and G from every ``stat_stride``-th output position in each
+            spatial direction only (A rescaled by ``T / T'``); Dense layers ignore it. Default 1. The
+            unit-wise BatchNorm Fisher always uses the whole batch. See :class:`mindspore_ngd.Policy`
+            and docs/algorithms.md.
 
     State (Parameters, checkpointed): ``spngd.intervals``, ``spngd.next_refresh`` and
     ``spngd.refreshes`` are int32 vectors over :attr:`statistic_names` (A of every layer, G of every
@@ -102,11 +109,13 @@ class SPNGD(NGDOptimizer):
                  damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="auto", jitter=1e-6,
                  nesterov=False, decay_filter=None, skip_layers=(), verbose=True, distributed="auto",
                  grad_worker_fraction=None, balance="compute",
-                 adaptive_damping=True, divergence_patience=10, params=None, strict=False):
+                 adaptive_damping=True, divergence_patience=10, params=None, strict=False,
+                 stat_fraction=1.0, stat_stride=1):
         floor = _validate.non_negative_float("weight_decay", weight_decay)
         policy = Policy(name="spngd", refresh=StaleIntervals(refresh_threshold, max_interval, stale),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip,
-                        jitter=jitter, batchnorm_damping=batchnorm_damping, damping_floor=floor, fisher=fisher, adaptive_damping=adaptive_damping)
+                        jitter=jitter, batchnorm_damping=batchnorm_damping, damping_floor=floor, fisher=fisher,
+                        adaptive_damping=adaptive_damping, stat_fraction=stat_fraction, stat_stride=stat_stride)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=nesterov, decay_filter=decay_filter,

@@ -60,7 +60,12 @@ class THOR(NGDOptimizer):
     ``divergence_patience`` (10) as :class:`mindspore_ngd.KFAC`, and the
     distributed knobs ``distributed`` ("auto"), ``grad_worker_fraction`` (None: 1/N) and ``balance``
     ("compute"; ownership balanced on the block-split inversion cost), and ``params`` (parameter groups as
-    ``nn.Momentum``'s, see :mod:`mindspore_ngd.optim.groups`), as :class:`mindspore_ngd.NGDOptimizer`. Distributed with ``trace_threshold``, the batch traces are
+    ``nn.Momentum``'s, see :mod:`mindspore_ngd.optim.groups`), as :class:`mindspore_ngd.NGDOptimizer`.
+    ``stat_fraction`` (float in (0, 1], default 1) and ``stat_stride`` (int >= 1, default 1) compute the
+    captured A and G from the first ``max(1, ceil(stat_fraction * B))`` examples of the batch and, for
+    a Conv2d, from every ``stat_stride``-th output position per spatial direction, rescaled to estimate
+    the full-batch factors (as :class:`mindspore_ngd.KFAC`); the trace probes of ``trace_threshold``
+    always use the whole batch. Distributed with ``trace_threshold``, the batch traces are
     averaged over the ranks and the owners of a layer decide whether its statistics moved; the
     decisions are shared so that every rank captures the same statistics.
 
@@ -74,7 +79,8 @@ class THOR(NGDOptimizer):
                  frequency_growth=1.0, max_frequency=None, damping_split="sqrt", factor_decay=0.0,
                  kl_clip=None, inverse_method="auto", jitter=1e-6, verbose=True, distributed="auto",
                  grad_worker_fraction=None, balance="compute",
-                 adaptive_damping=True, divergence_patience=10, params=None, strict=False):
+                 adaptive_damping=True, divergence_patience=10, params=None, strict=False,
+                 stat_fraction=1.0, stat_stride=1):
         if batch_size is not None:
             _validate.positive_int("batch_size", batch_size)
         if split_indices is not None and not isinstance(split_indices, (list, tuple)):
@@ -84,7 +90,8 @@ class THOR(NGDOptimizer):
         rule = GrowingInterval(frequency, frequency_growth, max_frequency, trace_threshold)
         policy = Policy(name="thor", refresh=rule, damping_split=damping_split, inverse_method=inverse_method,
                         kl_clip=kl_clip, jitter=jitter, split_dim=split_dim,
-                        clip_norm=1.0 if enable_clip_grad else None, adaptive_damping=adaptive_damping)
+                        clip_norm=1.0 if enable_clip_grad else None, adaptive_damping=adaptive_damping,
+                        stat_fraction=stat_fraction, stat_stride=stat_stride)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=use_nesterov, decay_filter=decay_filter, verbose=verbose,
