@@ -20,7 +20,11 @@ For every task (``--task``, see :mod:`benchmarks.tasks`), optimizer, grid point
 The best grid point per optimizer is the one with the best median (over seeds) of its best test
 metric (ties: the better median of the metric averaged over epochs). The target is Momentum's
 result at its best grid point, per seed: its best test accuracy (classification) or its final
-training loss (autoencoder). Reported per optimizer: the best test
+training loss (autoencoder). A large-batch race has a fixed target instead (``Task.target``): every
+optimizer runs to the same test accuracy, each run stops there, each optimizer's grid point is the one
+that gets there in the fewest training seconds, and the *anchor* -- the better of tuned Momentum and
+Adam -- is the reference (``--grid tuned`` tunes on seed 0 and repeats the chosen points with the
+other seeds). Reported per optimizer: the best test
 metric, epochs and seconds (with and without compile time) to reach the target, seconds per epoch,
 compile time, as median [min, max] over seeds. Output: ``convergence_<task>.json`` (every run's
 curve), ``.md`` (tables) and ``.png`` (test metric vs epoch and vs seconds); ``--from-json``
@@ -230,6 +234,8 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None):
         if not np.isfinite(metrics["train_loss"]):
             diverged = epoch
             break
+        if task.target is not None and metrics[task.metric] >= task.target:
+            break                                    # a race to a fixed target ends at the target
     if progress:
         progress.close(len(curve), note + (f"  diverged at epoch {diverged}" if diverged else ""))
     counters = opt.state_counters() if hasattr(opt, "state_counters") else None   # refreshes, faults
@@ -249,12 +255,26 @@ def _run_in_child(task_name, name, lr, damping, seed, epochs, label):
 def run_task(task, optimizers, seeds, epochs, grid="full", stream=None, isolate=False):
     """Every run of ``task``: optimizers x grid points x seeds; returns the list of run records.
 
+    ``grid="tuned"``: the full grid with seed 0 only, then seeds 1..N-1 at each optimizer's chosen
+    point (the grid point :func:`summarize` picks from seed 0) -- each optimizer tuned on the same grid
+    for a fraction of the cost of every point at every seed.
+
     ``isolate=True`` runs each in a fresh process: MindSpore 2.10 keeps every compiled training graph
     for the life of the process (measured: +130-170 MB per K-FAC run of the autoencoder, with
     ``gc.collect()``), so a full suite in one process grows past 13 GB.
     """
+    if grid == "tuned":
+        runs = run_task(task, optimizers, 1, epochs, "full", stream, isolate)
+        chosen = summarize(task, runs)["best"]
+        plan = [(name, chosen[name]["lr"], chosen[name]["damping"], seed)
+                for seed in range(1, seeds) for name in optimizers]
+        return runs + _run_plan(task, plan, epochs, stream, isolate)
     plan = [(name, lr, damping, seed) for seed in range(seeds) for name in optimizers
             for lr, damping in grid_points(name, grid, task)]
+    return _run_plan(task, plan, epochs, stream, isolate)
+
+
+def _run_plan(task, plan, epochs, stream, isolate):
     labels = [f"{task.name} {i}/{len(plan)} {name} lr={lr:g}" + (f" damping={damping:g}" if damping else "")
               + f" seed={seed}" for i, (name, lr, damping, seed) in enumerate(plan, 1)]
     if isolate:
@@ -311,10 +331,18 @@ def summarize(task, runs):
                      "best_metric": _stats(bests), "mean_metric": _stats(means),
                      "final_train_loss": _stats([run["curve"][-1]["train_loss"] for run in group]),
                      "diverged_runs": sum(run["diverged_epoch"] is not None for run in group)})
+        if task.target is not None:
+            hits = [_first_reaching(run["curve"], task.metric, task.target, higher) for run in group]
+            grid[-1]["reached"] = sum(hit is not None for hit in hits)
+            grid[-1]["seconds_to_target"] = _stats(
+                [hit["seconds_excl_compile"] if hit else math.inf for hit in hits])
 
     def score(row):
         """Best metric first; ties (common: one test image is 1/360 on digits) go to the grid point
-        with the better metric averaged over the epochs, i.e. the one that got there sooner."""
+        with the better metric averaged over the epochs, i.e. the one that got there sooner. With a
+        fixed target: the most seeds reaching it, then the fewest median training seconds to it."""
+        if task.target is not None:
+            return (row["reached"], -row["seconds_to_target"]["median"])
         values = (row["best_metric"]["median"], row["mean_metric"]["median"])
         return tuple(-math.inf if math.isnan(v) else sign * v for v in values)
 
@@ -332,7 +360,9 @@ def summarize(task, runs):
 
     targets = {}
     target_higher = task.target_metric == "test_acc"
-    if "momentum" in chosen:
+    if task.target is not None:
+        targets = {run["seed"]: float(task.target) for run in runs}
+    elif "momentum" in chosen:
         for run in best_runs("momentum"):
             values = [r[task.target_metric] for r in run["curve"]]
             if task.target_rule == "final":
@@ -362,14 +392,30 @@ def summarize(task, runs):
         for key in ("best_metric", "final_train_loss", "epochs_to_target", "seconds_to_target",
                     "seconds_to_target_excl_compile", "seconds_per_epoch", "compile_s"):
             best[name][key] = _stats([s[key] for s in per_seed])
-    if "momentum" in best:
-        reference = {s["seed"]: s for s in best["momentum"]["per_seed"]}
+    anchor = _anchor(best)
+    for reference_name, suffix in (("momentum", "_vs_momentum"), (anchor, "_vs_anchor")):
+        if reference_name not in best:
+            continue
+        reference = {s["seed"]: s for s in best[reference_name]["per_seed"]}
         for name, entry in best.items():
             for key in ("epochs_to_target", "seconds_to_target", "seconds_to_target_excl_compile"):
                 ratios = [s[key] / reference[s["seed"]][key] for s in entry["per_seed"]
                           if s["seed"] in reference and reference[s["seed"]][key] > 0]
-                entry[key + "_vs_momentum"] = _stats(ratios)
-    return {"grid": grid, "best": best, "targets": {str(k): v for k, v in targets.items()}}
+                entry[key + suffix] = _stats(ratios)
+    return {"grid": grid, "best": best, "targets": {str(k): v for k, v in targets.items()}, "anchor": anchor}
+
+
+ANCHORS = ("momentum", "adam")
+
+
+def _anchor(best):
+    """The better first-order anchor: of tuned Momentum and Adam, the one with the fewer median training
+    seconds (compilation excluded) to the target; None when neither ran."""
+    present = [name for name in ANCHORS if name in best]
+    if not present:
+        return None
+    return min(present, key=lambda name: (-best[name]["reached"],
+                                          best[name]["seconds_to_target_excl_compile"]["median"]))
 
 
 def _fmt(value, digits):
@@ -396,7 +442,9 @@ def markdown(task, summary, seeds, epochs):
     one = seeds == 1
     metric = "test acc" if task.metric == "test_acc" else "test loss"
     digits = 4
-    if task.target_rule == "best":
+    if task.target_rule == "fixed":
+        target_text = f"test accuracy {task.target:g} (fixed; each run stops when it gets there)"
+    elif task.target_rule == "best":
         target_text = f"Momentum's best test accuracy in {epochs} epochs"
     else:
         target_text = f"Momentum's final training loss after {epochs} epochs"
@@ -404,20 +452,25 @@ def markdown(task, summary, seeds, epochs):
     lines = [f"### {task.name}", "", task.description + ".", "",
              f"Target: {target_text}, per seed ({', '.join(_fmt(t, 4) for t in targets)}). "
              f"{'One seed.' if one else f'Median [min, max] over {seeds} seeds.'} Seconds are training "
-             "time only (evaluation excluded); *incl.* counts graph compilation, *excl.* does not.", "",
+             "time only (evaluation excluded); *incl.* counts graph compilation, *excl.* does not. "
+             f"*Anchor*: the better of tuned Momentum and Adam on this task ({summary.get('anchor') or '-'}).", "",
              f"| optimizer | lr, damping | best {metric} | final train loss | epochs to target | "
-             "x Momentum | s to target incl. | s to target excl. | x Momentum (excl.) | s/epoch | compile s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "x Momentum | s to target incl. | s to target excl. | x Momentum (excl.) | x anchor (epochs) | "
+             "x anchor (excl.) | s/epoch | compile s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, entry in summary["best"].items():
         reached = "" if entry["reached"] == len(entry["per_seed"]) else \
             f" ({entry['reached']}/{len(entry['per_seed'])} reached)"
         ratio_e = entry.get("epochs_to_target_vs_momentum", {"median": float("nan")})
         ratio_s = entry.get("seconds_to_target_excl_compile_vs_momentum", {"median": float("nan")})
+        anchor_e = entry.get("epochs_to_target_vs_anchor", {"median": float("nan")})
+        anchor_s = entry.get("seconds_to_target_excl_compile_vs_anchor", {"median": float("nan")})
         lines.append(
             f"| {name} | {_point(entry['lr'], entry['damping'])} | {_range(entry['best_metric'], digits, one)} | "
             f"{_range(entry['final_train_loss'], digits, one)} | {_range(entry['epochs_to_target'], 0, one)}"
             f"{reached} | {_fmt(ratio_e['median'], 2)} | {_range(entry['seconds_to_target'], 1, one)} | "
             f"{_range(entry['seconds_to_target_excl_compile'], 1, one)} | {_fmt(ratio_s['median'], 2)} | "
+            f"{_fmt(anchor_e['median'], 2)} | {_fmt(anchor_s['median'], 2)} | "
             f"{_fmt(entry['seconds_per_epoch']['median'], 3)} | {_fmt(entry['compile_s']['median'], 1)} |")
     lines += ["", f"Whole grid ({'chosen' if one else 'median over seeds; chosen'} point in bold):", "",
               f"| optimizer | lr | damping | best {metric} | final train loss | diverged runs |", "|---|---|---|---|---|---|"]
@@ -510,9 +563,10 @@ def parse_args(argv=None):
                              "(its result is the target). Default: all available")
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds 0..N-1 (default 3; 1 with --quick)")
     parser.add_argument("--epochs", type=int, default=None, help="epoch budget (default: the task's)")
-    parser.add_argument("--grid", choices=("full", "single"), default=None,
-                        help="full: every lr (and damping) of the grid; single: the middle point "
-                             "(default full; single with --quick)")
+    parser.add_argument("--grid", choices=("full", "single", "tuned"), default=None,
+                        help="full: every lr (and damping) of the grid at every seed; single: the middle "
+                             "point; tuned: the full grid at seed 0, the other seeds at each optimizer's "
+                             "chosen point (default full; single with --quick)")
     parser.add_argument("--quick", action="store_true",
                         help="one seed, the task's quick epoch budget, single grid point")
     parser.add_argument("--out", default=None, help="output directory (default results/; with --from-json: "
