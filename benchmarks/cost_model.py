@@ -1,8 +1,9 @@
 """Per-layer cost model of the natural-gradient optimizers, the arithmetic floor, and the step time.
 
     python -m benchmarks.cost_model [--models resnet20,convbn,digits-bn,fmnist-mlp,fmnist-mlp-b1024]
-                                    [--optimizers momentum,kfac,kfac-P/P,spngd,thor] [--rounds 2]
-                                    [--period 20] [--out results/]
+                                    [--optimizers momentum,kfac,kfac-P/P,spngd,thor] [--rounds 1]
+                                    [--period 20] [--spngd-warmup 20] [--data-batches 4] [--repeats 5]
+                                    [--out results/]
     python -m benchmarks.cost_model --compile [--optimizers momentum,kfac,spngd,thor] [--out results/]
 
 **FLOP model.** For every layer the optimizer preconditions (``opt.layer_specs``: kind, ``a_dim`` =
@@ -39,11 +40,13 @@ and amortised.
 **Measured.** One training cell per optimizer, same network and batches, interleaved rounds of
 ``--period`` steps as in :mod:`benchmarks.step_time`, after a warm-up of one period (SP-NGD:
 ``--spngd-warmup`` more steps, so that its adaptive intervals, which start at 1, have grown).
-Synthetic inputs (a pool of a few random batches, cycled; the step time does not depend on the
+Synthetic inputs (``--data-batches`` random batches, cycled; the step time does not depend on the
 data). SP-NGD's refresh decisions do depend on how much the statistics move, so its refresh rate
-on synthetic data is not that of a real data set, and its amortised figure needs many periods
-(intervals grow to ``max_interval`` = 64 steps): pass more ``--rounds`` for it. The floor uses the
-refreshes SP-NGD actually made, so measured and floor stay comparable.
+on synthetic data is not that of a real data set: with several random batches (random labels) its
+statistics keep moving and it refreshes nearly every step, with one fixed batch
+(``--data-batches 1``) they settle and its intervals grow. Its amortised figure needs many periods
+(intervals grow to ``max_interval`` = 64 steps): pass more ``--rounds`` and ``--spngd-warmup``.
+The floor uses the refreshes SP-NGD actually made, so measured and floor stay comparable.
 
 **Compile (``--compile``).** The model zoo's ``cpu_smoke`` network and optimizers, built by the zoo's
 own factory (``model_zoo/resnet50/benchmark.py``), first call (graph compilation + step 0) and the
@@ -453,15 +456,16 @@ def extra_seconds(event, kernel_times):
 
 # ---------------------------------------------------------------------------------------- benchmark
 def _batches(model_name, count=DATA_BATCHES):
+    """``count`` distinct synthetic (inputs, labels) batches, cycled by every optimizer alike."""
     _, shape, batch = MODELS[model_name]
     rng = np.random.default_rng(0)
     return [(Tensor(rng.standard_normal((batch,) + tuple(shape)).astype(np.float32)),
              Tensor(rng.integers(0, 10, batch).astype(np.int32))) for _ in range(count)]
 
 
-def bench_model(model_name, optimizers, rounds, period, spngd_warmup, timer):
+def bench_model(model_name, optimizers, rounds, period, spngd_warmup, timer, data_batches=DATA_BATCHES):
     batch = MODELS[model_name][2]
-    data = _batches(model_name)
+    data = _batches(model_name, data_batches)
     cells, opts, compile_s, steps_done = {}, {}, {}, {}
     for kind in optimizers:
         cells[kind], opts[kind] = build_cell(model_name, kind, period)
@@ -652,10 +656,13 @@ def main(argv=None):
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated among " + ",".join(MODELS))
     parser.add_argument("--optimizers", default=None,
                         help=f"comma-separated; default {','.join(OPTIMIZERS)} (--compile: {','.join(ZOO_OPTIMIZERS)})")
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of --period steps per optimizer")
-    parser.add_argument("--period", type=int, default=DEFAULT_PERIOD, help="inverse (and THOR/kfac-P/P factor) interval")
-    parser.add_argument("--spngd-warmup", type=int, default=2 * DEFAULT_PERIOD,
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds of --period steps per optimizer")
+    parser.add_argument("--period", type=int, default=DEFAULT_PERIOD,
+                        help="inverse interval (also the factor interval of THOR and kfac-P/P)")
+    parser.add_argument("--spngd-warmup", type=int, default=DEFAULT_PERIOD,
                         help="extra SP-NGD warm-up steps before timing (its intervals start at 1)")
+    parser.add_argument("--data-batches", type=int, default=DATA_BATCHES,
+                        help="distinct synthetic batches, cycled (1: one fixed batch, SP-NGD's statistics settle)")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per standalone kernel (median)")
     parser.add_argument("--compile", action="store_true", help="measure the model zoo's cpu_smoke compile time instead")
     parser.add_argument("--compile-steps", type=int, default=5, help="later steps timed after the first call")
@@ -682,7 +689,7 @@ def main(argv=None):
     rows, layers, texts = [], {}, []
     for model_name in models:
         model_rows, model_layers = bench_model(model_name, optimizers, args.rounds, args.period,
-                                               args.spngd_warmup, timer)
+                                               args.spngd_warmup, timer, args.data_batches)
         rows += model_rows
         layers[model_name] = model_layers
         for kind, entry in model_layers.items():
@@ -695,6 +702,7 @@ def main(argv=None):
           f"{args.rounds} rounds x {args.period} steps per optimizer")
     return save_results(args.out, f"cost_model_p{args.period}", {
         "rounds": args.rounds, "period": args.period, "spngd_warmup": args.spngd_warmup, "repeats": args.repeats,
+        "data_batches": args.data_batches,
         "inverse_flops_per_cube": INVERSE_FLOPS_PER_CUBE, "kernel_overhead_s": timer.overhead,
         "rows": rows, "layers": layers, "markdown": "\n\n".join(texts + [summary, floors])})
 
