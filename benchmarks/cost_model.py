@@ -686,7 +686,7 @@ def main(argv=None):
     if any(m not in MODELS for m in models):
         raise SystemExit(f"--models must name models among {tuple(MODELS)}")
     timer = KernelTimer(args.repeats)
-    rows, layers, texts = [], {}, []
+    rows, layers, texts, path = [], {}, [], None
     for model_name in models:
         model_rows, model_layers = bench_model(model_name, optimizers, args.rounds, args.period,
                                                args.spngd_warmup, timer, args.data_batches)
@@ -696,15 +696,20 @@ def main(argv=None):
             text = layer_markdown(model_name, MODELS[model_name][2], kind, entry["layers"])
             print(text + "\n")
             texts.append(text)
-    summary, floors = summary_markdown(rows), floor_markdown(rows)
+        if model_rows:                                    # this model's summary now, the whole table at the end
+            print(summary_markdown(model_rows) + "\n\n" + floor_markdown(model_rows) + "\n", flush=True)
+        summary, floors = summary_markdown(rows), floor_markdown(rows)
+        # saved after every model (a long run keeps what it has measured), the same file each time
+        path = save_results(args.out, f"cost_model_p{args.period}", {
+            "rounds": args.rounds, "period": args.period, "spngd_warmup": args.spngd_warmup,
+            "repeats": args.repeats, "data_batches": args.data_batches,
+            "inverse_flops_per_cube": INVERSE_FLOPS_PER_CUBE, "kernel_overhead_s": timer.overhead,
+            "models_done": list(layers), "rows": rows, "layers": layers,
+            "markdown": "\n\n".join(texts + [summary, floors])})
     print(summary + "\n\n" + floors)
     print(f"\nlaunch overhead subtracted from every kernel: {1e3 * timer.overhead:.3f} ms; "
           f"{args.rounds} rounds x {args.period} steps per optimizer")
-    return save_results(args.out, f"cost_model_p{args.period}", {
-        "rounds": args.rounds, "period": args.period, "spngd_warmup": args.spngd_warmup, "repeats": args.repeats,
-        "data_batches": args.data_batches,
-        "inverse_flops_per_cube": INVERSE_FLOPS_PER_CUBE, "kernel_overhead_s": timer.overhead,
-        "rows": rows, "layers": layers, "markdown": "\n\n".join(texts + [summary, floors])})
+    return path
 
 
 if __name__ == "__main__":
