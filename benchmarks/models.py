@@ -7,8 +7,8 @@ from mindspore import nn
 
 from model_zoo.resnet50.src.resnet import ResNetCifar
 
-__all__ = ["DigitsCNN", "MLP", "CNN1D", "DeepAutoencoder", "ConvPool2Dense2", "fmnist_mlp", "fmnist_2c2d",
-           "ResNetCifar", "resnet20"]
+__all__ = ["DigitsCNN", "ConvBNNet", "MLP", "CNN1D", "DeepAutoencoder", "ConvPool2Dense2", "fmnist_mlp",
+           "fmnist_2c2d", "ResNetCifar", "resnet20"]
 
 
 class DigitsCNN(nn.Cell):
@@ -33,6 +33,26 @@ class DigitsCNN(nn.Cell):
         x = self.pool(self.relu(self.bn2(self.conv2(x))))
         x = self.relu(self.fc1(self.flatten(x)))
         return self.fc2(x)
+
+
+class ConvBNNet(nn.Cell):
+    """Three conv3x3-BatchNorm-ReLU blocks 3->32->64->64 (the last two with stride 2), global average
+    pooling and Dense(64->10), for 32x32x3 inputs: a small conv+BatchNorm network (cost-model target,
+    batch 32). Spatial sizes 32 -> 32 -> 16 -> 8; the convolutions have no bias (BatchNorm follows)."""
+
+    def __init__(self, num_classes=10, widths=(3, 32, 64, 64), strides=(1, 2, 2)):
+        super().__init__()
+        layers = []
+        for c_in, c_out, stride in zip(widths[:-1], widths[1:], strides):
+            layers += [nn.Conv2d(c_in, c_out, 3, stride=stride, pad_mode="same", has_bias=False),
+                       nn.BatchNorm2d(c_out), nn.ReLU()]
+        self.features = nn.SequentialCell(layers)
+        self.flatten = nn.Flatten()
+        self.fc = nn.Dense(widths[-1], num_classes)
+
+    def construct(self, x):
+        x = self.features(x)
+        return self.fc(self.flatten(x.mean(axis=(2, 3), keep_dims=True)))
 
 
 class MLP(nn.Cell):

@@ -1,0 +1,716 @@
+"""Per-layer cost model of the natural-gradient optimizers, the arithmetic floor, and the step time.
+
+    python -m benchmarks.cost_model [--models resnet20,convbn,digits-bn,fmnist-mlp,fmnist-mlp-b1024]
+                                    [--optimizers momentum,kfac,kfac-P/P,spngd,thor] [--rounds 1]
+                                    [--period 20] [--spngd-warmup 20] [--data-batches 4] [--repeats 5]
+                                    [--out results/]
+    python -m benchmarks.cost_model --compile [--optimizers momentum,kfac,spngd,thor] [--out results/]
+
+**FLOP model.** For every layer the optimizer preconditions (``opt.layer_specs``: kind, ``a_dim`` =
+fan-in (+1 with a bias), ``g_dim`` = outputs, kernel/stride/padding) and its number of output positions
+``T`` per example (1 for Dense; recorded with forward hooks in one PyNative forward pass), with batch B:
+
+* training: forward ``2 B T g (a - bias)``, backward twice that (dX and dW);
+* capture (per capture step): A ``2 B T a^2`` (for a convolution after the im2col, a copy without
+  arithmetic), G ``2 B T g^2``;
+* inversion (per refresh): ``INVERSE_FLOPS_PER_CUBE * D^3`` per factor, with the constant 1 of a
+  Cholesky-based inverse done by LAPACK (potrf D^3/3 + potri 2D^3/3); the package's path
+  (cholesky, triangular solve against the identity, L^-T L^-1) performs about 3.3 D^3. THOR's
+  ``split_dim`` blocks: ``count * s^3`` (the last block padded to s);
+* preconditioning (every step): ``2 g^2 a + 2 g a^2`` for dense inverses, ``2 count_G s_G^2 a +
+  2 g count_A s_A^2`` for block-diagonal ones.
+
+Amortised: capture FLOPs times the capture rate, inversion FLOPs times the inversion rate (K-FAC
+``1/1`` and ``1/P``; ``kfac-P/P`` and THOR ``1/P`` and ``1/P``; SP-NGD the rates it actually
+showed in the timed steps, per statistic). Not modelled: the moving average, the checks of the
+factors, the damping traces, KL clipping, SP-NGD's unit-wise BatchNorm Fisher (all O(D^2) or
+smaller), and the momentum update that Momentum pays too.
+
+**Floor.** What a perfect implementation of the same algorithm would cost, in time:
+``floor(step) = T_momentum + sum over the kernels run on that step of their standalone time``. Each
+kernel (A capture with its im2col, G capture, the Cholesky inverse of A and of G, the
+preconditioning ``G^-1 dW A^-1``) is a tiny graph-mode Cell at the layer's shape, timed as the
+median over ``--repeats`` calls after a compiling call, minus the median time of an empty call
+(launch overhead; never below 0). Which kernels run on a step follows the optimizer's schedule
+(SP-NGD: the statistics it refreshed on that very step, read after every timed step). The floor is
+aggregated like the measured steps: median over non-refresh steps, and mean over all timed steps
+(amortised). ``measured - floor`` is the overhead to cut; the table gives it on non-refresh steps
+and amortised.
+
+**Measured.** One training cell per optimizer, same network and batches, interleaved rounds of
+``--period`` steps as in :mod:`benchmarks.step_time`, after a warm-up of one period (SP-NGD:
+``--spngd-warmup`` more steps, so that its adaptive intervals, which start at 1, have grown).
+Synthetic inputs (``--data-batches`` random batches, cycled; the step time does not depend on the
+data). SP-NGD's refresh decisions do depend on how much the statistics move, so its refresh rate
+on synthetic data is not that of a real data set: with several random batches (random labels) its
+statistics keep moving and it refreshes nearly every step, with one fixed batch
+(``--data-batches 1``) they settle and its intervals grow. Its amortised figure needs many periods
+(intervals grow to ``max_interval`` = 64 steps): pass more ``--rounds`` and ``--spngd-warmup``.
+The floor uses the refreshes SP-NGD actually made, so measured and floor stay comparable.
+
+**Compile (``--compile``).** The model zoo's ``cpu_smoke`` network and optimizers, built by the zoo's
+own factory (``model_zoo/resnet50/benchmark.py``), first call (graph compilation + step 0) and the
+median of a few later steps, for each optimizer, with the ratio to Momentum (target <= 3x).
+
+Results are printed as Markdown tables and saved as JSON (:func:`benchmarks.save_results`).
+"""
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from typing import Optional
+
+os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
+
+import numpy as np  # noqa: E402
+
+import mindspore as ms  # noqa: E402
+import mindspore.scipy.linalg as msla  # noqa: E402
+from mindspore import nn, ops, Tensor  # noqa: E402
+
+from . import save_results  # noqa: E402
+
+DEFAULT_PERIOD = 20
+THOR_SPLIT_DIM = 128            # THOR's default split_dim
+INVERSE_FLOPS_PER_CUBE = 1.0    # Cholesky-based inverse: potrf D^3/3 + potri 2D^3/3
+DATA_BATCHES = 4                # distinct synthetic batches, cycled
+GIGA = 1e9
+
+
+# ---------------------------------------------------------------------------------------- networks
+def fmnist_mlp_net(num_classes=10):
+    """DeepOBS Fashion-MNIST MLP (:func:`benchmarks.models.fmnist_mlp`), on (N, 1, 28, 28) images."""
+    from .models import fmnist_mlp
+    return fmnist_mlp(num_classes)
+
+
+def _resnet20():
+    from .models import resnet20
+    return resnet20()
+
+
+def _convbn():
+    from .models import ConvBNNet
+    return ConvBNNet()
+
+
+def _digits_bn():
+    from .models import DigitsCNN
+    return DigitsCNN(batchnorm=True)
+
+
+def _tiny_mlp():
+    from .models import MLP
+    return MLP((16, 10))
+
+
+MODELS = {
+    # name: (constructor, input shape without batch, batch size)
+    "resnet20": (_resnet20, (3, 32, 32), 128),
+    "convbn": (_convbn, (3, 32, 32), 32),
+    "digits-bn": (_digits_bn, (1, 8, 8), 64),
+    "fmnist-mlp": (fmnist_mlp_net, (1, 28, 28), 128),
+    "fmnist-mlp-b1024": (fmnist_mlp_net, (1, 28, 28), 1024),
+    "tiny-mlp": (_tiny_mlp, (16,), 8),           # one Dense layer, for the tests
+}
+DEFAULT_MODELS = ("resnet20", "convbn", "digits-bn", "fmnist-mlp", "fmnist-mlp-b1024")
+OPTIMIZERS = ("momentum", "kfac", "kfac-P/P", "spngd", "thor")
+
+
+# ---------------------------------------------------------------------------------------- schedules
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """When an optimizer captures statistics and inverts factors; None intervals: measured (SP-NGD)."""
+    capture_interval: Optional[int]
+    inverse_interval: Optional[int]
+    split_dim: Optional[int] = None
+
+    @property
+    def adaptive(self):
+        return self.capture_interval is None
+
+
+def schedule_of(optimizer, period):
+    return {"kfac": Schedule(1, period), "kfac-P/P": Schedule(period, period),
+            "thor": Schedule(period, period, THOR_SPLIT_DIM), "spngd": Schedule(None, None)}[optimizer]
+
+
+def build_cell(model_name, optimizer, period, seed=0):
+    """``(training cell, optimizer)`` for one model and one optimizer kind."""
+    from mindspore_ngd import KFAC, SPNGD, THOR
+    ms.set_seed(seed)
+    net = MODELS[model_name][0]()
+    if optimizer == "momentum":
+        opt = nn.Momentum(net.trainable_params(), learning_rate=0.01, momentum=0.9)
+    elif optimizer == "kfac":
+        opt = KFAC(net, learning_rate=0.01, damping=1e-2, factor_update_interval=1,
+                   inverse_update_interval=period, verbose=False)
+    elif optimizer == "kfac-P/P":
+        opt = KFAC(net, learning_rate=0.01, damping=1e-2, factor_update_interval=period,
+                   inverse_update_interval=period, verbose=False)
+    elif optimizer == "spngd":
+        opt = SPNGD(net, learning_rate=0.01, damping=1e-2, verbose=False)
+    elif optimizer == "thor":
+        opt = THOR(net, learning_rate=0.01, damping=1e-2, frequency=period, verbose=False)
+    else:
+        raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {OPTIMIZERS}")
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    cell = nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt)
+    cell.set_train()
+    return cell, opt
+
+
+# ---------------------------------------------------------------------------------------- FLOP model
+def block_layout(dim, split_dim=None):
+    """``(count, size)`` of a factor of side ``dim`` split into ``split_dim`` blocks (as
+    :class:`mindspore_ngd.curvature.blocks.BlockLayout`)."""
+    if split_dim is None or split_dim >= dim:
+        return 1, dim
+    return -(-dim // split_dim), split_dim
+
+
+def inverse_flops(dim, split_dim=None):
+    count, size = block_layout(dim, split_dim)
+    return INVERSE_FLOPS_PER_CUBE * count * size ** 3
+
+
+def precondition_flops(g_dim, a_dim, split_dim=None):
+    """``G^-1 dW A^-1`` with dW of shape (g_dim, a_dim), dense or block-diagonal inverses."""
+    g_count, g_size = block_layout(g_dim, split_dim)
+    a_count, a_size = block_layout(a_dim, split_dim)
+    return 2 * g_count * g_size ** 2 * a_dim + 2 * g_dim * a_count * a_size ** 2
+
+
+def layer_flops(spec, batch, positions, split_dim=None):
+    """FLOPs of one layer: forward, backward (per step), capture of A and G (per capture),
+    inversion of A and G (per refresh) and preconditioning (per step)."""
+    a, g = spec.a_dim, spec.g_dim
+    rows = batch * positions
+    forward = 2 * rows * g * (a - int(spec.has_bias))
+    return {"forward": forward, "backward": 2 * forward,
+            "capture_a": 2 * rows * a * a, "capture_g": 2 * rows * g * g,
+            "inverse_a": inverse_flops(a, split_dim), "inverse_g": inverse_flops(g, split_dim),
+            "precondition": precondition_flops(g, a, split_dim)}
+
+
+def same_padding(size, kernel, stride, dilation):
+    out = (size + stride - 1) // stride
+    needed = max((out - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)
+    return needed // 2, needed - needed // 2
+
+
+def layer_geometry(model_name, specs, batch=2):
+    """``{layer: {"input": shape, "output": shape, "positions": T}}`` from one PyNative forward pass
+    of a fresh network with forward hooks (shapes at batch ``batch``; T does not depend on it)."""
+    ctor, shape, _ = MODELS[model_name]
+    names = {s.name for s in specs}
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        net = ctor()
+        seen, handles = {}, []
+        for name, cell in net.cells_and_names():
+            if name in names:
+                handles.append(cell.register_forward_hook(
+                    lambda c, inputs, output, name=name: seen.__setitem__(
+                        name, (tuple(inputs[0].shape), tuple(output.shape)))))
+        net(Tensor(np.zeros((batch,) + tuple(shape), np.float32)))
+        for handle in handles:
+            handle.remove()
+    finally:
+        ms.set_context(mode=mode)
+    geometry = {}
+    for s in specs:
+        if s.name not in seen:
+            raise RuntimeError(f"layer {s.name} was not called in the forward pass")
+        x_shape, y_shape = seen[s.name]
+        if s.kind == "conv2d":
+            positions = y_shape[2] * y_shape[3]
+        else:
+            positions = int(np.prod(x_shape[:-1])) // batch
+        geometry[s.name] = {"input": x_shape, "output": y_shape, "positions": int(positions)}
+    return geometry
+
+
+# ---------------------------------------------------------------------------------------- kernels
+class _FirstEntry(nn.Cell):
+    """The first entry of a kernel's result: reading it back waits for the kernel without copying the
+    whole result to the host (ms.runtime.synchronize is not supported on CPU)."""
+
+    def __init__(self, kernel):
+        super().__init__()
+        self.kernel = kernel
+
+    def construct(self, *args):
+        return self.kernel(*args).reshape(-1)[:1]
+
+
+class _Empty(nn.Cell):
+    def construct(self, x):
+        return x * 1.0
+
+
+class _CaptureA(nn.Cell):
+    """A of one layer from its input: ``X^T X / rows`` (Dense) or im2col + ``cols cols^T / B`` (Conv2d)."""
+
+    def __init__(self, spec, pads):
+        super().__init__()
+        self.conv = spec.kind == "conv2d"
+        self.has_bias = spec.has_bias
+        self.kernel, self.stride, self.dilation = spec.kernel_size, spec.stride, spec.dilation
+        self.pads = pads                                  # (left, right, top, bottom)
+
+    def construct(self, x):
+        if not self.conv:
+            rows = x.shape[0]
+            if self.has_bias:
+                x = ops.concat((x, ops.ones((rows, 1), ms.float32)), 1)
+            return ops.matmul(x.transpose(1, 0), x) / rows
+        if sum(self.pads) > 0:
+            x = ops.pad(x, self.pads)
+        patches = ops.unfold(x, self.kernel, self.dilation, 0, self.stride)
+        batch, dim, positions = patches.shape
+        cols = patches.transpose(1, 0, 2).reshape(dim, batch * positions)
+        a = ops.matmul(cols, cols.transpose(1, 0)) / batch
+        if self.has_bias:
+            col_sum = cols.sum(1, keepdims=True) / batch
+            corner = ops.fill(ms.float32, (1, 1), float(positions))
+            a = ops.concat((ops.concat((a, col_sum), 1), ops.concat((col_sum.transpose(1, 0), corner), 1)), 0)
+        return a
+
+
+class _CaptureG(nn.Cell):
+    """G of one layer from its output gradient."""
+
+    def __init__(self, conv):
+        super().__init__()
+        self.conv = conv
+
+    def construct(self, dy):
+        if self.conv:
+            batch, channels = dy.shape[0], dy.shape[1]
+            cols = dy.reshape(batch, channels, -1).transpose(1, 0, 2).reshape(channels, -1)
+        else:
+            cols = dy.transpose(1, 0)
+        return ops.matmul(cols, cols.transpose(1, 0))
+
+
+class _Inverse(nn.Cell):
+    """Cholesky inverse of one SPD matrix (D, D) or a stack of blocks (nb, s, s)."""
+
+    def construct(self, m):
+        size = m.shape[-1]
+        if size == 1:
+            return 1.0 / m
+        eye = ops.eye(size, size, ms.float32)
+        if m.ndim == 3:
+            eye = ops.broadcast_to(eye, m.shape)
+        low_inv = msla.solve_triangular(ops.cholesky(m), eye, lower=True)
+        if m.ndim == 3:
+            return ops.bmm(low_inv.swapaxes(-1, -2), low_inv)
+        return ops.matmul(low_inv.transpose(1, 0), low_inv)
+
+
+class _Precondition(nn.Cell):
+    """``blockdiag(G^-1) dW blockdiag(A^-1)`` (one block: the dense product)."""
+
+    def __init__(self, g_dim, a_dim, split_dim):
+        super().__init__()
+        self.g_dim, self.a_dim = g_dim, a_dim
+        self.g_count, self.g_size = block_layout(g_dim, split_dim)
+        self.a_count, self.a_size = block_layout(a_dim, split_dim)
+
+    def construct(self, g_inv, grad, a_inv):
+        if self.g_count == 1:
+            left = ops.matmul(g_inv, grad)
+        else:
+            pad = self.g_count * self.g_size - self.g_dim
+            m = ops.concat((grad, ops.zeros((pad, self.a_dim), ms.float32)), 0) if pad else grad
+            left = ops.bmm(g_inv, m.reshape(self.g_count, self.g_size, self.a_dim))
+            left = left.reshape(self.g_count * self.g_size, self.a_dim)[:self.g_dim]
+        if self.a_count == 1:
+            return ops.matmul(left, a_inv)
+        pad = self.a_count * self.a_size - self.a_dim
+        m = ops.concat((left, ops.zeros((self.g_dim, pad), ms.float32)), 1) if pad else left
+        out = ops.bmm(m.reshape(self.g_dim, self.a_count, self.a_size).transpose(1, 0, 2), a_inv)
+        return out.transpose(1, 0, 2).reshape(self.g_dim, self.a_count * self.a_size)[:, :self.a_dim]
+
+
+def _spd(count, size, rng):
+    r = rng.standard_normal((count, size, size)).astype(np.float32)
+    m = r @ r.transpose(0, 2, 1) / size + np.eye(size, dtype=np.float32)
+    return Tensor(m[0] if count == 1 else m)
+
+
+class KernelTimer:
+    """Standalone kernel times (seconds, launch overhead subtracted), cached by kernel and shape."""
+
+    def __init__(self, repeats=5, budget_s=2.0):
+        self.repeats, self.budget_s = repeats, budget_s
+        self.cache = {}
+        self.rng = np.random.default_rng(0)
+        self.overhead = 0.0
+        self.overhead = self._time(_Empty(), (Tensor(np.ones((1,), np.float32)),), repeats=max(20, repeats))
+
+    def _time(self, cell, args, repeats=None):
+        repeats = repeats or self.repeats
+        cell = _FirstEntry(cell)
+        cell(*args).asnumpy()                            # the compiling call
+        times, start_all = [], time.perf_counter()
+        for _ in range(repeats):
+            start = time.perf_counter()
+            cell(*args).asnumpy()
+            times.append(time.perf_counter() - start)
+            if len(times) >= 3 and time.perf_counter() - start_all > self.budget_s:
+                break
+        return max(float(np.median(times)) - self.overhead, 0.0)
+
+    def _cached(self, key, make):
+        if key not in self.cache:
+            cell, args = make()
+            self.cache[key] = self._time(cell, args)
+        return self.cache[key]
+
+    def capture_a(self, spec, geometry, batch):
+        x_shape = (batch,) + tuple(geometry["input"][1:])
+        pads = (0, 0, 0, 0)
+        if spec.kind == "conv2d":
+            if spec.pad_mode == "same":
+                top, bottom = same_padding(x_shape[2], spec.kernel_size[0], spec.stride[0], spec.dilation[0])
+                left, right = same_padding(x_shape[3], spec.kernel_size[1], spec.stride[1], spec.dilation[1])
+                pads = (left, right, top, bottom)
+            elif spec.pad_mode == "pad":
+                top, bottom, left, right = spec.padding
+                pads = (left, right, top, bottom)
+        else:
+            x_shape = (int(np.prod(x_shape[:-1])), x_shape[-1])
+        key = ("A", spec.kind, x_shape, spec.kernel_size, spec.stride, spec.dilation, pads, spec.has_bias)
+        return self._cached(key, lambda: (_CaptureA(spec, pads), (
+            Tensor(self.rng.standard_normal(x_shape).astype(np.float32)),)))
+
+    def capture_g(self, spec, geometry, batch):
+        y_shape = (batch,) + tuple(geometry["output"][1:])
+        if spec.kind != "conv2d":
+            y_shape = (int(np.prod(y_shape[:-1])), y_shape[-1])
+        key = ("G", spec.kind, y_shape)
+        return self._cached(key, lambda: (_CaptureG(spec.kind == "conv2d"), (
+            Tensor(self.rng.standard_normal(y_shape).astype(np.float32)),)))
+
+    def inverse(self, dim, split_dim):
+        count, size = block_layout(dim, split_dim)
+        return self._cached(("inv", count, size), lambda: (_Inverse(), (_spd(count, size, self.rng),)))
+
+    def precondition(self, g_dim, a_dim, split_dim):
+        g_count, g_size = block_layout(g_dim, split_dim)
+        a_count, a_size = block_layout(a_dim, split_dim)
+        return self._cached(("pre", g_dim, a_dim, split_dim if (g_count > 1 or a_count > 1) else None), lambda: (
+            _Precondition(g_dim, a_dim, split_dim),
+            (_spd(g_count, g_size, self.rng), Tensor(self.rng.standard_normal((g_dim, a_dim)).astype(np.float32)),
+             _spd(a_count, a_size, self.rng))))
+
+    def layer(self, spec, geometry, batch, split_dim):
+        return {"capture_a": self.capture_a(spec, geometry, batch), "capture_g": self.capture_g(spec, geometry, batch),
+                "inverse_a": self.inverse(spec.a_dim, split_dim), "inverse_g": self.inverse(spec.g_dim, split_dim),
+                "precondition": self.precondition(spec.g_dim, spec.a_dim, split_dim)}
+
+
+# ---------------------------------------------------------------------------------------- per-step events
+def fixed_events(schedule, num_layers, steps, first_step):
+    """Per timed step: (A captured per layer, G captured per layer, inverted per layer)."""
+    events = []
+    for i in range(steps):
+        step = first_step + i
+        cap = step % schedule.capture_interval == 0
+        inv = step % schedule.inverse_interval == 0
+        events.append(([cap] * num_layers, [cap] * num_layers, [inv] * num_layers))
+    return events
+
+
+def spngd_counts(opt):
+    state = opt.refresh_state()
+    return {name: state[name][2] for name in opt.statistic_names}
+
+
+def spngd_event(opt, before, after):
+    names = [s.name for s in opt.layer_specs]
+    a = [after[f"{n}.A"] > before[f"{n}.A"] for n in names]
+    g = [after[f"{n}.G"] > before[f"{n}.G"] for n in names]
+    return a, g, [x or y for x, y in zip(a, g)]
+
+
+def is_refresh(event):
+    """A step that captured or inverted anything beyond what every step does."""
+    return any(event[2]) or (any(event[0]) or any(event[1]))
+
+
+def extra_seconds(event, kernel_times):
+    """Standalone time of the extra kernels of one step, split by component."""
+    out = {"capture": 0.0, "inverse": 0.0, "precondition": 0.0}
+    for k, times in enumerate(kernel_times):
+        out["capture"] += times["capture_a"] * event[0][k] + times["capture_g"] * event[1][k]
+        out["inverse"] += (times["inverse_a"] + times["inverse_g"]) * event[2][k]
+        out["precondition"] += times["precondition"]
+    return out
+
+
+# ---------------------------------------------------------------------------------------- benchmark
+def _batches(model_name, count=DATA_BATCHES):
+    """``count`` distinct synthetic (inputs, labels) batches, cycled by every optimizer alike."""
+    _, shape, batch = MODELS[model_name]
+    rng = np.random.default_rng(0)
+    return [(Tensor(rng.standard_normal((batch,) + tuple(shape)).astype(np.float32)),
+             Tensor(rng.integers(0, 10, batch).astype(np.int32))) for _ in range(count)]
+
+
+def bench_model(model_name, optimizers, rounds, period, spngd_warmup, timer, data_batches=DATA_BATCHES):
+    batch = MODELS[model_name][2]
+    data = _batches(model_name, data_batches)
+    cells, opts, compile_s, steps_done = {}, {}, {}, {}
+    for kind in optimizers:
+        cells[kind], opts[kind] = build_cell(model_name, kind, period)
+        start = time.perf_counter()
+        cells[kind](*data[0]).asnumpy()                   # compile + step 0
+        compile_s[kind] = time.perf_counter() - start
+        warm = period + (spngd_warmup if kind == "spngd" else 0)
+        for i in range(1, warm):
+            cells[kind](*data[i % len(data)]).asnumpy()
+        steps_done[kind] = warm
+    times = {kind: [] for kind in optimizers}
+    events = {"spngd": []}
+    for _ in range(rounds):
+        for kind in optimizers:
+            for _ in range(period):
+                x, y = data[steps_done[kind] % len(data)]
+                before = spngd_counts(opts[kind]) if kind == "spngd" else None
+                start = time.perf_counter()
+                cells[kind](x, y).asnumpy()
+                times[kind].append(time.perf_counter() - start)
+                steps_done[kind] += 1
+                if kind == "spngd":
+                    events["spngd"].append(spngd_event(opts[kind], before, spngd_counts(opts[kind])))
+    base = float(np.median(times["momentum"]))
+    flop_rows, rows, layer_tables = [], [], {}
+    specs = next((opts[k].layer_specs for k in optimizers if k != "momentum"), None)
+    if specs is None:
+        return rows, layer_tables
+    geometry = layer_geometry(model_name, specs)
+    for kind in optimizers:
+        if kind == "momentum":
+            continue
+        schedule = schedule_of(kind, period)
+        steps = len(times[kind])
+        if schedule.adaptive:
+            step_events = events["spngd"]
+        else:
+            step_events = fixed_events(schedule, len(specs), steps, period)
+        # rates over the timed steps: per layer, of A capture, G capture, inversion
+        rates = np.asarray([[np.mean([e[j][k] for e in step_events]) for j in range(3)] for k in range(len(specs))])
+        table, totals = [], dict.fromkeys(("train", "capture", "inverse", "precondition"), 0.0)
+        for k, spec in enumerate(specs):
+            flops = layer_flops(spec, batch, geometry[spec.name]["positions"], schedule.split_dim)
+            train = flops["forward"] + flops["backward"]
+            capture = flops["capture_a"] * rates[k, 0] + flops["capture_g"] * rates[k, 1]
+            inverse = (flops["inverse_a"] + flops["inverse_g"]) * rates[k, 2]
+            extra = capture + inverse + flops["precondition"]
+            table.append({"layer": spec.name, "kind": spec.kind, "a_dim": spec.a_dim, "g_dim": spec.g_dim,
+                          "positions": geometry[spec.name]["positions"], "train_gflop": train / GIGA,
+                          "capture_gflop": capture / GIGA, "inverse_gflop": inverse / GIGA,
+                          "precondition_gflop": flops["precondition"] / GIGA, "ratio": extra / train,
+                          "capture_rate_a": float(rates[k, 0]), "capture_rate_g": float(rates[k, 1]),
+                          "inverse_rate": float(rates[k, 2])})
+            totals["train"] += train
+            totals["capture"] += capture
+            totals["inverse"] += inverse
+            totals["precondition"] += flops["precondition"]
+        layer_tables[kind] = table
+        kernel_times = [timer.layer(spec, geometry[spec.name], batch, schedule.split_dim) for spec in specs]
+        extras = [extra_seconds(e, kernel_times) for e in step_events]
+        floor = np.asarray([base + sum(x.values()) for x in extras])
+        measured = np.asarray(times[kind])
+        refresh = np.asarray([is_refresh(e) for e in step_events])
+        if not schedule.adaptive:                         # quiet = not step 0 of a period (as step_time.py)
+            refresh = np.asarray([e[2][0] for e in step_events])
+        quiet = ~refresh
+        row = {"model": model_name, "batch": batch, "optimizer": kind, "period": period, "steps": steps,
+               "compile_s": compile_s[kind], "momentum_median_s": base,
+               "train_gflop": totals["train"] / GIGA,
+               "capture_gflop": totals["capture"] / GIGA, "inverse_gflop": totals["inverse"] / GIGA,
+               "precondition_gflop": totals["precondition"] / GIGA,
+               "flop_ratio": (totals["capture"] + totals["inverse"] + totals["precondition"]) / totals["train"],
+               "refresh_steps": int(refresh.sum()),
+               "amortised_s": float(measured.mean()), "floor_amortised_s": float(floor.mean()),
+               "floor_capture_s": float(np.mean([x["capture"] for x in extras])),
+               "floor_inverse_s": float(np.mean([x["inverse"] for x in extras])),
+               "floor_precondition_s": float(np.mean([x["precondition"] for x in extras]))}
+        row["amortised_ratio"] = row["amortised_s"] / base
+        row["floor_amortised_ratio"] = row["floor_amortised_s"] / base
+        row["overhead_amortised_s"] = row["amortised_s"] - row["floor_amortised_s"]
+        for name, mask in (("quiet", quiet), ("refresh", refresh)):
+            if mask.any():
+                row[f"{name}_s"] = float(np.median(measured[mask]))
+                row[f"floor_{name}_s"] = float(np.median(floor[mask]))
+                row[f"{name}_ratio"] = row[f"{name}_s"] / base
+                row[f"floor_{name}_ratio"] = row[f"floor_{name}_s"] / base
+                row[f"overhead_{name}_s"] = row[f"{name}_s"] - row[f"floor_{name}_s"]
+        rows.append(row)
+    return rows, {kind: {"layers": table} for kind, table in layer_tables.items()}
+
+
+# ---------------------------------------------------------------------------------------- tables
+def _ms(value):
+    return f"{1e3 * value:.1f}"
+
+
+def layer_markdown(model_name, batch, kind, table):
+    lines = [f"**{model_name} (batch {batch}), {kind}** -- GFLOP per step, capture and inversion amortised",
+             "", "| layer | kind | A | G | T | fwd+bwd | capture | inversion | precondition | extra / training |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in table:
+        lines.append(f"| {r['layer']} | {r['kind']} | {r['a_dim']} | {r['g_dim']} | {r['positions']} | "
+                     f"{r['train_gflop']:.4f} | {r['capture_gflop']:.4f} | {r['inverse_gflop']:.4f} | "
+                     f"{r['precondition_gflop']:.4f} | {r['ratio']:.2f} |")
+    return "\n".join(lines)
+
+
+def summary_markdown(rows):
+    lines = ["| model (batch) | optimizer | fwd+bwd GFLOP | extra GFLOP (capture / inverse / precond.) "
+             "| FLOP ratio | Momentum ms | non-refresh ms: measured (x) / floor (x) / overhead "
+             "| amortised ms: measured (x) / floor (x) / overhead | refresh steps |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "quiet_s" in r:
+            quiet = (f"{_ms(r['quiet_s'])} ({r['quiet_ratio']:.2f}x) / {_ms(r['floor_quiet_s'])} "
+                     f"({r['floor_quiet_ratio']:.2f}x) / {_ms(r['overhead_quiet_s'])}")
+        else:
+            quiet = "-"
+        amortised = (f"{_ms(r['amortised_s'])} ({r['amortised_ratio']:.2f}x) / {_ms(r['floor_amortised_s'])} "
+                     f"({r['floor_amortised_ratio']:.2f}x) / {_ms(r['overhead_amortised_s'])}")
+        lines.append(f"| {r['model']} ({r['batch']}) | {r['optimizer']} | {r['train_gflop']:.3f} | "
+                     f"{r['capture_gflop']:.3f} / {r['inverse_gflop']:.3f} / {r['precondition_gflop']:.3f} | "
+                     f"{r['flop_ratio']:.2f} | {_ms(r['momentum_median_s'])} | {quiet} | {amortised} | "
+                     f"{r['refresh_steps']}/{r['steps']} |")
+    return "\n".join(lines)
+
+
+def floor_markdown(rows):
+    lines = ["| model (batch) | optimizer | floor parts, amortised ms: capture / inverse / precondition "
+             "| refresh step ms: measured / floor / overhead |", "|---|---|---|---|"]
+    for r in rows:
+        refresh = (f"{_ms(r['refresh_s'])} / {_ms(r['floor_refresh_s'])} / {_ms(r['overhead_refresh_s'])}"
+                   if "refresh_s" in r else "-")
+        lines.append(f"| {r['model']} ({r['batch']}) | {r['optimizer']} | {_ms(r['floor_capture_s'])} / "
+                     f"{_ms(r['floor_inverse_s'])} / {_ms(r['floor_precondition_s'])} | {refresh} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------- compile
+ZOO_OPTIMIZERS = ("momentum", "kfac", "spngd", "thor")
+
+
+def compile_times(optimizers, steps=5, config="cpu_smoke"):
+    """First call and median step of the model zoo's ``config`` for each optimizer (the zoo's factory)."""
+    zoo = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_zoo", "resnet50")
+    if zoo not in sys.path:
+        sys.path.insert(0, zoo)
+    import benchmark as zoo_benchmark                     # model_zoo/resnet50/benchmark.py
+    from src.config import load_config
+    first = load_config(config)
+    batch = first["batch_size"]
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.standard_normal((batch, 3, first["image_size"], first["image_size"])).astype(np.float32))
+    y = Tensor((np.arange(batch) % first["num_classes"]).astype(np.int32))
+    rows = []
+    for name in optimizers:
+        ms.set_seed(0)
+        cell, _ = zoo_benchmark._cell(config, name, batch, steps + 1)
+        start = time.perf_counter()
+        cell(x, y).asnumpy()
+        first_call = time.perf_counter() - start
+        later = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            cell(x, y).asnumpy()
+            later.append(time.perf_counter() - start)
+        step = float(np.median(later))
+        rows.append({"config": config, "optimizer": name, "batch": batch, "first_call_s": first_call,
+                     "median_step_s": step, "compile_s": max(first_call - step, 0.0)})
+    base = next((r["compile_s"] for r in rows if r["optimizer"] == "momentum"), None)
+    for r in rows:
+        r["compile_ratio"] = r["compile_s"] / base if base else float("nan")
+    return rows
+
+
+def compile_markdown(rows):
+    lines = ["| config | optimizer | batch | first call s | median step ms | compile s (first call - step) "
+             "| compile x Momentum (target <= 3) |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['optimizer']} | {r['batch']} | {r['first_call_s']:.1f} | "
+                     f"{_ms(r['median_step_s'])} | {r['compile_s']:.1f} | {r['compile_ratio']:.2f} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------- main
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated among " + ",".join(MODELS))
+    parser.add_argument("--optimizers", default=None,
+                        help=f"comma-separated; default {','.join(OPTIMIZERS)} (--compile: {','.join(ZOO_OPTIMIZERS)})")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds of --period steps per optimizer")
+    parser.add_argument("--period", type=int, default=DEFAULT_PERIOD,
+                        help="inverse interval (also the factor interval of THOR and kfac-P/P)")
+    parser.add_argument("--spngd-warmup", type=int, default=DEFAULT_PERIOD,
+                        help="extra SP-NGD warm-up steps before timing (its intervals start at 1)")
+    parser.add_argument("--data-batches", type=int, default=DATA_BATCHES,
+                        help="distinct synthetic batches, cycled (1: one fixed batch, SP-NGD's statistics settle)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per standalone kernel (median)")
+    parser.add_argument("--compile", action="store_true", help="measure the model zoo's cpu_smoke compile time instead")
+    parser.add_argument("--compile-steps", type=int, default=5, help="later steps timed after the first call")
+    parser.add_argument("--out", default="results")
+    args = parser.parse_args(argv)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device("CPU")
+    if args.compile:
+        names = tuple((args.optimizers or ",".join(ZOO_OPTIMIZERS)).split(","))
+        if any(n not in ZOO_OPTIMIZERS for n in names):
+            raise SystemExit(f"--compile optimizers must be among {ZOO_OPTIMIZERS}")
+        rows = compile_times(names, args.compile_steps)
+        table = compile_markdown(rows)
+        print(table)
+        return save_results(args.out, "cost_model_compile", {"steps": args.compile_steps, "rows": rows,
+                                                             "markdown": table})
+    optimizers = tuple((args.optimizers or ",".join(OPTIMIZERS)).split(","))
+    if optimizers[0] != "momentum" or any(k not in OPTIMIZERS for k in optimizers):
+        raise SystemExit(f"--optimizers must start with momentum and name kinds among {OPTIMIZERS}")
+    models = tuple(args.models.split(","))
+    if any(m not in MODELS for m in models):
+        raise SystemExit(f"--models must name models among {tuple(MODELS)}")
+    timer = KernelTimer(args.repeats)
+    rows, layers, texts, path = [], {}, [], None
+    for model_name in models:
+        model_rows, model_layers = bench_model(model_name, optimizers, args.rounds, args.period,
+                                               args.spngd_warmup, timer, args.data_batches)
+        rows += model_rows
+        layers[model_name] = model_layers
+        for kind, entry in model_layers.items():
+            text = layer_markdown(model_name, MODELS[model_name][2], kind, entry["layers"])
+            print(text + "\n")
+            texts.append(text)
+        if model_rows:                                    # this model's summary now, the whole table at the end
+            print(summary_markdown(model_rows) + "\n\n" + floor_markdown(model_rows) + "\n", flush=True)
+        summary, floors = summary_markdown(rows), floor_markdown(rows)
+        # saved after every model (a long run keeps what it has measured), the same file each time
+        path = save_results(args.out, f"cost_model_p{args.period}", {
+            "rounds": args.rounds, "period": args.period, "spngd_warmup": args.spngd_warmup,
+            "repeats": args.repeats, "data_batches": args.data_batches,
+            "inverse_flops_per_cube": INVERSE_FLOPS_PER_CUBE, "kernel_overhead_s": timer.overhead,
+            "models_done": list(layers), "rows": rows, "layers": layers,
+            "markdown": "\n\n".join(texts + [summary, floors])})
+    print(summary + "\n\n" + floors)
+    print(f"\nlaunch overhead subtracted from every kernel: {1e3 * timer.overhead:.3f} ms; "
+          f"{args.rounds} rounds x {args.period} steps per optimizer")
+    return path
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The cost model's FLOP formulas against hand-computed values, and one tiny end-to-end run."""
+import json
+import math
+
+import pytest
+
+from benchmarks import cost_model
+from mindspore_ngd.capture import LayerSpec
+
+
+def _dense(in_dim, out_dim, bias=True):
+    return LayerSpec(name="fc", kind="dense", weight_name="fc.weight", bias_name="fc.bias" if bias else None,
+                     weight_shape=(out_dim, in_dim), a_dim=in_dim + int(bias), g_dim=out_dim)
+
+
+def _conv(c_in, c_out, k, stride, bias=False):
+    return LayerSpec(name="conv", kind="conv2d", weight_name="conv.weight", bias_name="conv.bias" if bias else None,
+                     weight_shape=(c_out, c_in, k, k), a_dim=c_in * k * k + int(bias), g_dim=c_out,
+                     kernel_size=(k, k), stride=(stride, stride), pad_mode="same")
+
+
+def test_dense_flops_by_hand():
+    # Dense 784 -> 1000 with bias, batch 128: A is 785 x 785, G 1000 x 1000
+    flops = cost_model.layer_flops(_dense(784, 1000), batch=128, positions=1)
+    assert flops["forward"] == 2 * 128 * 1000 * 784 == 200_704_000
+    assert flops["backward"] == 401_408_000
+    assert flops["capture_a"] == 2 * 128 * 785 ** 2 == 157_753_600
+    assert flops["capture_g"] == 256_000_000
+    assert flops["inverse_a"] == 785 ** 3 and flops["inverse_g"] == 1000 ** 3
+    assert flops["precondition"] == 2 * 1000 ** 2 * 785 + 2 * 1000 * 785 ** 2 == 2_802_450_000
+
+
+def test_conv_flops_same_padding_stride_2_by_hand():
+    # Conv2d 16 -> 32, 3x3, stride 2, pad 'same', no bias, on 32x32 inputs: 16x16 = 256 output positions
+    assert cost_model.same_padding(32, 3, 2, 1) == (0, 1)
+    flops = cost_model.layer_flops(_conv(16, 32, 3, 2), batch=8, positions=16 * 16)
+    assert flops["forward"] == 2 * 8 * 256 * 32 * 144 == 18_874_368
+    assert flops["backward"] == 37_748_736
+    assert flops["capture_a"] == 2 * 8 * 256 * 144 ** 2 == 84_934_656
+    assert flops["capture_g"] == 2 * 8 * 256 * 32 ** 2 == 4_194_304
+    assert flops["precondition"] == 2 * 32 * 32 * 144 + 2 * 32 * 144 * 144 == 1_622_016
+
+
+def test_thor_split_count_and_block_flops():
+    assert cost_model.block_layout(577, 128) == (5, 128)        # 4 full blocks + one padded
+    assert cost_model.block_layout(128, 128) == (1, 128)
+    assert cost_model.block_layout(64, None) == (1, 64)
+    assert cost_model.inverse_flops(577, 128) == 5 * 128 ** 3
+    assert cost_model.inverse_flops(577) == 577 ** 3
+    # G 64 (one block), A 577 (5 blocks of 128): 2 g^2 a + 2 g * 5 * 128^2
+    assert cost_model.precondition_flops(64, 577, 128) == 2 * 64 ** 2 * 577 + 2 * 64 * 5 * 128 ** 2
+
+
+def test_fixed_schedule_events():
+    events = cost_model.fixed_events(cost_model.schedule_of("kfac", 4), 2, 8, first_step=4)
+    assert [e[0][0] for e in events] == [True] * 8                # factors every step
+    assert [e[2][1] for e in events] == [True, False, False, False] * 2
+    events = cost_model.fixed_events(cost_model.schedule_of("thor", 4), 1, 4, first_step=4)
+    assert [e[0][0] for e in events] == [True, False, False, False]
+
+
+def test_main_end_to_end_on_a_tiny_net(tmp_path):
+    path = cost_model.main(["--models", "tiny-mlp", "--optimizers", "momentum,kfac", "--rounds", "1",
+                            "--period", "2", "--repeats", "1", "--out", str(tmp_path)])
+    with open(path, encoding="utf-8") as handle:
+        result = json.load(handle)
+    (row,) = result["rows"]
+    assert row["optimizer"] == "kfac" and row["steps"] == 2 and row["refresh_steps"] == 1
+    for key in ("amortised_ratio", "floor_amortised_ratio", "quiet_ratio", "floor_quiet_ratio", "flop_ratio"):
+        assert math.isfinite(row[key]) and row[key] > 0, key
+    assert row["floor_amortised_s"] >= row["momentum_median_s"]
+    (layer,) = result["layers"]["tiny-mlp"]["kfac"]["layers"]
+    assert layer["a_dim"] == 17 and layer["g_dim"] == 10 and layer["positions"] == 1
+    assert layer["capture_rate_a"] == 1.0 and layer["inverse_rate"] == 0.5
+    header = result["markdown"].split("\n")
+    assert "| layer | kind | A | G | T | fwd+bwd | capture | inversion | precondition | extra / training |" in header
+    assert any(line.startswith("| model (batch) | optimizer | fwd+bwd GFLOP") for line in header)
+    assert "| tiny-mlp (8) | kfac |" in result["markdown"]
+
+
+def test_bad_arguments_are_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        cost_model.main(["--models", "nosuchnet", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        cost_model.main(["--optimizers", "kfac", "--out", str(tmp_path)])
