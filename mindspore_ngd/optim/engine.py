@@ -209,8 +209,9 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         gradients = self.scale_grad(self.flatten_gradients(gradients))
         lr = self.get_lr()
         step = self.global_step.reshape(())
-        finite = self._watch(gradients, self._all_finite(gradients), step, self.demoted_unreported)
-        finite = ops.depend(finite, self._adapt(gradients, finite))
+        flat = self._flat(gradients)
+        finite = self._watch(gradients, ops.isfinite(flat).all(), step, self.demoted_unreported)
+        finite = ops.depend(finite, self._adapt(gradients, flat, finite))
 
         # fold the statistics captured in this step's forward/backward pass (one run-time branch)
         factors = self._stored_factors()
@@ -253,7 +254,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         # precondition, gather and rescale; then update every parameter
         preconditioned = self._preconditioned(gradients, lr, inverses, factors)
         success = self._update(self._assemble(gradients, preconditioned), lr, finite)
-        success = self._remember_step(gradients, lr, finite, success)
+        success = self._remember_step(gradients, flat, lr, finite, success)
 
         # plan the next step: the rule reads statistics written late in the backward pass (THOR's
         # traces) and, distributed, may hold a collective that must follow the gather

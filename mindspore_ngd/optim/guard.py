@@ -134,15 +134,13 @@ class Guard:
         if self.adaptive_damping:
             ops.assign(self.boost_inverted, ops.select(due, self.damping_boost, self.boost_inverted))
 
-    def _adapt(self, gradients, finite):
+    def _adapt(self, gradients, flat, finite):
         """Fold ``g_{t+1}' delta_t`` into the reduction ratio and adapt the multiplier; call before the
-        momentum update (the buffers still hold ``v_{t+1}`` of the previous step)."""
+        momentum update (the buffers still hold ``v_{t+1}`` of the previous step). ``flat`` is the
+        gradients concatenated as float32 (shared with the finiteness check)."""
         if not self.adaptive_damping:
             return finite
-        dots = ()
-        for i in range(self.num_params):
-            dots += ((ops.cast(gradients[i], ms.float32) * ops.cast(self.moments[i], ms.float32)).sum(),)
-        slope_next = -(self.step_lr * ops.stack(dots)).sum()          # g_{t+1}' delta_t
+        slope_next = -self._weighted_dot(gradients, flat, self.step_lr, finite)     # g_{t+1}' delta_t
         slope = self.step_slope
         usable = ops.logical_and(ops.logical_and(finite, slope < 0), ops.isfinite(slope_next))
         decay = self.ratio_decay
@@ -160,17 +158,33 @@ class Guard:
         return usable
 
     # ------------------------------------------------------------------ after the update
-    def _remember_step(self, gradients, lr, finite, token):
-        """Store ``g_t' delta_t`` of the step just taken (after the update ``token``), and check that the
-        weights are still finite."""
+    def _remember_step(self, gradients, flat, lr, finite, token):
+        """Store ``g_t' delta_t`` of the step just taken (after the update ``token``)."""
         if self.adaptive_damping:
-            dots, rates = (), ()
-            for i in range(self.num_params):
-                moment = ops.depend(self.moments[i], token)
-                dots += ((ops.cast(gradients[i], ms.float32) * ops.cast(moment, ms.float32)).sum(),)
-                rates += (ops.cast(self._lr_of(lr, i), ms.float32).reshape(()),)
-            rates = ops.stack(rates)
-            slope = -(rates * ops.stack(dots)).sum()
+            if self.is_group_lr:
+                rates = ()
+                for i in range(self.num_params):
+                    rates += (ops.cast(self._lr_of(lr, i), ms.float32).reshape(()),)
+                rates = ops.stack(rates)
+            else:
+                rates = ops.broadcast_to(ops.cast(lr, ms.float32).reshape(()), (self.num_params,))
+            slope = -self._weighted_dot(gradients, flat, rates, token)
             ops.assign(self.step_slope, ops.select(finite, slope, ops.zeros_like(slope)))
             ops.assign(self.step_lr, rates)
         return token
+
+    def _weighted_dot(self, gradients, flat, rates, token):
+        """``sum_i rates_i <g_i, v_i>`` over the parameters, the momentum buffers ``v`` read after
+        ``token``. With one learning rate for all parameters it is one dot product of the concatenated
+        vectors (two kernels, whatever the number of parameters); with parameter groups one per
+        parameter."""
+        if not self.is_group_lr:
+            moments = ()
+            for moment in self.moments:
+                moments += (ops.cast(ops.depend(moment, token), ms.float32).reshape(-1),)
+            return (flat * ops.concat(moments)).sum() * rates[0]
+        dots = ()
+        for i in range(self.num_params):
+            moment = ops.depend(self.moments[i], token)
+            dots += ((ops.cast(gradients[i], ms.float32) * ops.cast(moment, ms.float32)).sum(),)
+        return (rates * ops.stack(dots)).sum()
