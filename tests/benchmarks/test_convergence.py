@@ -120,6 +120,43 @@ def test_summary_picks_best_grid_point_and_measures_time_to_target():
     assert "| kfac | 0.1, 0.01 |" in text and "| **kfac** | 0.1 | 0.01 |" in text
 
 
+def test_fixed_target_race_picks_the_fastest_point_and_compares_with_the_better_anchor():
+    task = TASKS["digits-cnn-b512"]
+    assert task.target == 0.95 and task.target_rule == "fixed"
+    runs = []
+    for seed in range(2):
+        runs += [_run("momentum", 0.03, None, seed, (0.5, 0.8, 0.9, 0.96)),       # 4 epochs, 4 s
+                 _run("momentum", 0.1, None, seed, (0.9, 0.97, 0.97, 0.97)),      # best metric, 2 s to target
+                 _run("adam", 0.01, None, seed, (0.96,), seconds=1.5),              # the anchor: 1.5 s
+                 _run("kfac", 0.1, 1e-2, seed, (0.99,), seconds=1.2, compile_s=9.0),
+                 _run("kfac", 0.3, 1e-2, seed, (0.5, 0.5, 0.5, 0.5))]
+    summary = convergence.summarize(task, runs)
+    assert summary["targets"] == {"0": 0.95, "1": 0.95}
+    best = summary["best"]
+    assert best["momentum"]["lr"] == 0.1 and best["kfac"]["lr"] == 0.1
+    assert summary["anchor"] == "adam"
+    assert best["kfac"]["epochs_to_target_vs_anchor"]["median"] == 1.0
+    assert best["kfac"]["seconds_to_target_excl_compile_vs_anchor"]["median"] == pytest.approx(0.8)
+    assert best["momentum"]["epochs_to_target_vs_anchor"]["median"] == 2.0
+    text = convergence.markdown(task, summary, seeds=2, epochs=60)
+    assert "test accuracy 0.95 (fixed" in text and "Momentum and Adam on this task (adam)" in text
+
+
+def test_tuned_grid_runs_the_grid_on_seed_0_and_the_chosen_points_on_the_others(monkeypatch):
+    task = TASKS["digits-cnn-b512"]
+    calls = []
+
+    def fake_run_one(task_, arrays, name, lr, damping, seed, epochs, progress=None):
+        calls.append((name, lr, damping, seed))
+        reach = 0.96 if lr == 0.1 or name == "adam" and lr == 1e-2 else 0.5
+        return _run(name, lr, damping, seed, (reach,))
+    monkeypatch.setattr(convergence, "run_one", fake_run_one)
+    runs = convergence.run_task(task, ["momentum", "adam"], seeds=3, epochs=5, grid="tuned")
+    assert len(runs) == 3 + 3 + 2 * 2
+    assert [c for c in calls if c[3] > 0] == [("momentum", 0.1, None, 1), ("adam", 1e-2, None, 1),
+                                                 ("momentum", 0.1, None, 2), ("adam", 1e-2, None, 2)]
+
+
 def test_summary_breaks_ties_by_the_metric_averaged_over_epochs():
     task = TASKS["digits-cnn"]
     runs = [_run("momentum", 0.1, None, 0, (0.5, 0.6, 0.9)), _run("momentum", 0.3, None, 0, (0.8, 0.9, 0.9)),
