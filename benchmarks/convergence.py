@@ -127,11 +127,15 @@ def _spngd(net, lr, damping, seed, **overrides):
     return cls(net, learning_rate=lr, damping=damping, **{**SPNGD_SETTINGS, **extra, **overrides})
 
 
+def _variant(spec, **overrides):
+    """The same optimizer with some settings changed (recorded in the JSON like the others)."""
+    return replace(spec, build=functools.partial(spec.build, **overrides), settings=dict(spec.settings, **overrides))
+
+
 def _fixed(spec):
     """The same optimizer with the damping held fixed (``adaptive_damping=False``, the behaviour before
     adaptive damping existed): the adaptive default is compared against it."""
-    return replace(spec, build=functools.partial(spec.build, adaptive_damping=False),
-                   settings=dict(spec.settings, adaptive_damping=False))
+    return _variant(spec, adaptive_damping=False)
 
 
 OPTIMIZERS = {
@@ -142,7 +146,16 @@ OPTIMIZERS = {
     "thor": OptimizerSpec(_thor, SGD_LRS, NGD_DAMPINGS, THOR_SETTINGS),
     "spngd": OptimizerSpec(_spngd, SGD_LRS, NGD_DAMPINGS, SPNGD_SETTINGS, requires="SPNGD"),
 }
+DEFAULT_OPTIMIZERS = tuple(OPTIMIZERS)     # the variants below run only when named
 OPTIMIZERS.update({name + "-fixed": _fixed(OPTIMIZERS[name]) for name in ("kfac", "thor", "spngd")})
+# the capture's cost options (not in the default list): statistics from half of each batch's examples,
+# from every second output position of each convolution, and K-FAC at KAISA's default rates (factors
+# every 10 steps, inverses every 100; Pauloski et al. 2021)
+OPTIMIZERS.update({
+    "kfac-half": _variant(OPTIMIZERS["kfac"], stat_fraction=0.5),
+    "kfac-stride2": _variant(OPTIMIZERS["kfac"], stat_stride=2),
+    "kfac-10/100": _variant(OPTIMIZERS["kfac"], factor_update_interval=10, inverse_update_interval=100),
+})
 
 
 def available_optimizers():
@@ -558,7 +571,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", default="digits-cnn",
                         help=f"comma-separated tasks among {', '.join(TASKS)}, or all (default digits-cnn)")
-    parser.add_argument("--optimizers", default=",".join(n for n in available_optimizers() if not n.endswith("-fixed")),
+    parser.add_argument("--optimizers", default=",".join(n for n in available_optimizers() if n in DEFAULT_OPTIMIZERS),
                         help=f"comma-separated among {', '.join(OPTIMIZERS)}; must include momentum "
                              "(its result is the target). Default: all available")
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds 0..N-1 (default 3; 1 with --quick)")
