@@ -91,3 +91,21 @@ def make_conv_net(case, rng, cin=2, cout=3, hw=7):
     y = rng.integers(0, 4, x_shape[0]).astype(np.int32)
     pads = padding if isinstance(padding, tuple) else (padding,) * 4
     return net, x, y, (kernel, stride, pad_mode, pads, dilation)
+
+
+def conv_net_reference(net, x, y, geometry):
+    """Float64 forward and backward of a :class:`ConvNet` in NumPy: ``(patches (B, T, D), conv output
+    (B, out, Ho, Wo), gradient of the mean loss w.r.t. that output)``."""
+    def w(param):
+        return param.asnumpy().astype(np.float64)
+    kernel, stride, pad_mode, padding, dilation = geometry
+    patches, (oh, ow) = ref.im2col(x.astype(np.float64), kernel, stride, dilation, pad_mode, padding)
+    wc = w(net.conv.weight)
+    cout = wc.shape[0]
+    conv = patches @ wc.reshape(cout, -1).T
+    if net.conv.has_bias:
+        conv = conv + w(net.conv.bias)
+    conv = conv.transpose(0, 2, 1).reshape(x.shape[0], cout, oh, ow)
+    logits = np.maximum(conv, 0).reshape(x.shape[0], -1) @ w(net.fc.weight).T + w(net.fc.bias)
+    _, dlogits = ref.softmax_ce(logits, y)
+    return patches, conv, (dlogits @ w(net.fc.weight)).reshape(conv.shape) * (conv > 0)

@@ -5,7 +5,7 @@ import pytest
 from mindspore import nn, Tensor
 
 import mindspore_ngd as ngd
-from nets import CONV_CASES, DenseNet, make_conv_net, set_weights
+from nets import CONV_CASES, DenseNet, conv_net_reference, make_conv_net, set_weights
 from reference import numpy_kfac as ref
 from training import one_step_update
 
@@ -37,19 +37,8 @@ def dense_reference(net, x, y):
 
 
 def conv_reference(net, x, y, geometry):
-    kernel, stride, pad_mode, padding, dilation = geometry
-    patches, (oh, ow) = ref.im2col(x.astype(np.float64), kernel, stride, dilation, pad_mode, padding)
-    wc = w(net.conv.weight)
-    cout = wc.shape[0]
-    conv = patches @ wc.reshape(cout, -1).T
-    if net.conv.has_bias:
-        conv = conv + w(net.conv.bias)
-    conv_nchw = conv.transpose(0, 2, 1).reshape(x.shape[0], cout, oh, ow)
-    relu = np.maximum(conv_nchw, 0)
-    flat = relu.reshape(x.shape[0], -1)
-    logits = flat @ w(net.fc.weight).T + w(net.fc.bias)
-    _, dlogits = ref.softmax_ce(logits, y)
-    dconv = (dlogits @ w(net.fc.weight)).reshape(conv_nchw.shape) * (conv_nchw > 0)
+    patches, conv_nchw, dconv = conv_net_reference(net, x, y, geometry)
+    cout = conv_nchw.shape[1]
     big_a, big_g = ref.conv_factors(patches, dconv, net.conv.has_bias)
     dy_rows = dconv.reshape(x.shape[0], cout, -1)                   # (B, out, T)
     grad = np.einsum("bot,btd->od", dy_rows, patches)

@@ -16,7 +16,7 @@ from mindspore import nn, Tensor
 
 import mindspore_ngd as ngd
 from mindspore_ngd.curvature import factors
-from nets import CONV_CASES, DenseNet, make_conv_net, set_weights
+from nets import CONV_CASES, DenseNet, conv_net_reference, make_conv_net, set_weights
 from reference import numpy_kfac as ref
 
 TOL = 1e-5          # norm-wise relative error of A and G (float32 against float64)
@@ -77,17 +77,8 @@ def dense_layers(net, x, y):
 
 def conv_layer(net, x, y, geometry):
     """(patches (B, T, D), mean-loss output gradient (B, out, Ho, Wo)) of the ConvNet's conv."""
-    kernel, stride, pad_mode, padding, dilation = geometry
-    patches, (oh, ow) = ref.im2col(x.astype(np.float64), kernel, stride, dilation, pad_mode, padding)
-    wc = w(net.conv.weight)
-    cout = wc.shape[0]
-    conv = patches @ wc.reshape(cout, -1).T
-    if net.conv.has_bias:
-        conv = conv + w(net.conv.bias)
-    conv = conv.transpose(0, 2, 1).reshape(x.shape[0], cout, oh, ow)
-    logits = np.maximum(conv, 0).reshape(x.shape[0], -1) @ w(net.fc.weight).T + w(net.fc.bias)
-    _, dlogits = ref.softmax_ce(logits, y)
-    return patches, (dlogits @ w(net.fc.weight)).reshape(conv.shape) * (conv > 0)
+    patches, _, dconv = conv_net_reference(net, x, y, geometry)
+    return patches, dconv
 
 
 # ------------------------------------------------------------------ the optimizer's factors
