@@ -86,9 +86,7 @@ def dense_output_factor(dy, g_scale, fraction=1.0):
     dy = ops.cast(dy, ms.float32)
     rows = dy.shape[0]
     dy, kept = kept_examples(dy, fraction)
-    if kept == rows:
-        return _gram(dy) * (rows * g_scale)
-    return _gram(dy) * (rows * (rows / kept) * g_scale)
+    return _gram(dy) * (rows * (rows / kept) * g_scale)        # rows / kept is exactly 1.0 when m = B
 
 
 def same_padding(size, kernel, stride, dilation):
@@ -186,22 +184,16 @@ def conv_input_factor(x, kernel_size, stride, dilation, pad_mode, padding, has_b
     _, dim, positions = patches.shape
     cols = patches.transpose(1, 0, 2).reshape(dim, batch * positions)
     if batch == full_batch and position_stride == 1:
-        a = ops.matmul(cols, cols.transpose(1, 0)) / batch
-        if has_bias:
-            # the appended 1 contributes a column of patch sums and a corner of T (= sum_t 1 per example)
-            col_sum = cols.sum(1, keepdims=True) / batch
-            corner = ops.fill(ms.float32, (1, 1), float(positions))
-            a = ops.concat((ops.concat((a, col_sum), 1),
-                            ops.concat((col_sum.transpose(1, 0), corner), 1)), 0)
-        return a
-    # subsampled: T = all output positions of the layer, T' = the kept ones
-    top, bottom, left, right = _pads(x.shape[2], x.shape[3], kernel_size, stride, dilation, pad_mode, padding)
-    total = _output_size(x.shape[2] + top + bottom, kernel_size[0], stride[0], dilation[0]) \
-        * _output_size(x.shape[3] + left + right, kernel_size[1], stride[1], dilation[1])
-    scale = total / (positions * batch)
-    a = ops.matmul(cols, cols.transpose(1, 0)) * scale
+        total, divisor = positions, batch
+    else:   # subsampled: T = all output positions of the layer, T' = the kept ones; A scaled by T / (m T')
+        top, bottom, left, right = _pads(x.shape[2], x.shape[3], kernel_size, stride, dilation, pad_mode, padding)
+        total = _output_size(x.shape[2] + top + bottom, kernel_size[0], stride[0], dilation[0]) \
+            * _output_size(x.shape[3] + left + right, kernel_size[1], stride[1], dilation[1])
+        divisor = positions * batch / total
+    a = ops.matmul(cols, cols.transpose(1, 0)) / divisor
     if has_bias:
-        col_sum = cols.sum(1, keepdims=True) * scale
+        # the appended 1 contributes a column of patch sums and a corner of T (= sum_t 1 per example)
+        col_sum = cols.sum(1, keepdims=True) / divisor
         corner = ops.fill(ms.float32, (1, 1), float(total))
         a = ops.concat((ops.concat((a, col_sum), 1),
                         ops.concat((col_sum.transpose(1, 0), corner), 1)), 0)
@@ -219,8 +211,7 @@ def conv_output_factor(dy, g_scale, fraction=1.0, position_stride=1):
     channels = dy.shape[1]
     positions = dy.shape[2] * dy.shape[3]
     cols = dy.reshape(batch, channels, positions).transpose(1, 0, 2).reshape(channels, -1)
-    if batch == full_batch and position_stride == 1:
-        return ops.matmul(cols, cols.transpose(1, 0)) * (g_scale * batch / positions)
+    # B^2 / (m T'); with m = B and every position exactly the full formula's B / T (times g_scale)
     return ops.matmul(cols, cols.transpose(1, 0)) * (g_scale * full_batch * (full_batch / batch) / positions)
 
 
