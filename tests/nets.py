@@ -78,6 +78,16 @@ CONV_CASES = [
 ]
 
 
+def make_dense_net(seed, bias, batch):
+    """A DenseNet with random weights, a batch of ``batch`` 5-vectors and labels in [0, 3)."""
+    rng = np.random.default_rng(seed)
+    net = DenseNet(bias=bias)
+    set_weights(net, rng)
+    x = rng.standard_normal((batch, 5)).astype(np.float32)
+    y = rng.integers(0, 3, batch).astype(np.int32)
+    return net, x, y
+
+
 def make_conv_net(case, rng, cin=2, cout=3, hw=7):
     """A ConvNet for one of CONV_CASES with random weights, a batch of 4 inputs and labels, and the
     geometry in the reference's terms: ``(kernel, stride, pad_mode, (top, bottom, left, right), dilation)``."""

@@ -5,7 +5,7 @@ import pytest
 from mindspore import nn, Tensor
 
 import mindspore_ngd as ngd
-from nets import CONV_CASES, DenseNet, conv_net_reference, make_conv_net, set_weights
+from nets import CONV_CASES, conv_net_reference, make_conv_net, make_dense_net
 from reference import numpy_kfac as ref
 from training import one_step_update
 
@@ -45,15 +45,6 @@ def conv_reference(net, x, y, geometry):
     if net.conv.has_bias:
         grad = np.concatenate([grad, dy_rows.sum((0, 2))[:, None]], axis=1)
     return conv_nchw, big_a, big_g, grad
-
-
-def make_dense_net(seed, bias, batch):
-    rng = np.random.default_rng(seed)
-    net = DenseNet(bias=bias)
-    set_weights(net, rng)
-    x = rng.standard_normal((batch, 5)).astype(np.float32)
-    y = rng.integers(0, 3, batch).astype(np.int32)
-    return net, x, y
 
 
 @pytest.mark.parametrize("bias", [True, False])

@@ -16,7 +16,7 @@ from mindspore import nn, Tensor
 
 import mindspore_ngd as ngd
 from mindspore_ngd.curvature import factors
-from nets import CONV_CASES, DenseNet, conv_net_reference, make_conv_net, set_weights
+from nets import CONV_CASES, DenseNet, conv_net_reference, make_conv_net, make_dense_net, set_weights
 from reference import numpy_kfac as ref
 
 TOL = 1e-5          # norm-wise relative error of A and G (float32 against float64)
@@ -104,21 +104,12 @@ def factors_after_one_step(net, x, y, **kwargs):
     return stored_factors(opt)
 
 
-def dense_batch(seed, batch):
-    rng = np.random.default_rng(seed)
-    net = DenseNet(bias=True)
-    set_weights(net, rng)
-    x = rng.standard_normal((batch, 5)).astype(np.float32)
-    y = rng.integers(0, 3, batch).astype(np.int32)
-    return net, x, y
-
-
 # ------------------------------------------------------------------ Dense
 @pytest.mark.parametrize("batch, fraction", [
     pytest.param(6, 0.5, marks=pytest.mark.slow), (7, 0.5), pytest.param(5, 0.1, marks=pytest.mark.slow)],
     ids=["m3of6", "m4of7", "m1of5"])
 def test_dense_factors_from_first_rows_match_reference(batch, fraction):
-    net, x, y = dense_batch(0, batch)
+    net, x, y = make_dense_net(0, True, batch)
     layers = dense_layers(net, x, y)
     got = factors_after_one_step(net, x, y, stat_fraction=fraction, stat_stride=3)   # Dense ignores the stride
     for name, (a, dy) in layers.items():
@@ -200,7 +191,7 @@ def test_conv_stride_as_large_as_the_output_keeps_one_position():
 # ------------------------------------------------------------------ the full statistics when nothing is dropped
 def test_defaults_are_the_full_statistics():
     assert ngd.Policy().stat_fraction == 1.0 and ngd.Policy().stat_stride == 1
-    net, x, y = dense_batch(5, 6)
+    net, x, y = make_dense_net(5, True, 6)
     opt = make_kfac(net)
     assert opt.policy.stat_fraction == 1.0 and opt.policy.stat_stride == 1
     for block in opt.blocks:
@@ -212,7 +203,7 @@ def test_fraction_keeping_every_example_is_bit_identical_to_the_full_batch(kind)
     """ceil(0.8 * 4) = 4 = B (conv), ceil(0.9 * 6) = 6 = B (Dense): the same factors, bit for bit."""
     def run(**kwargs):
         if kind == "dense":
-            net, x, y = dense_batch(6, 6)
+            net, x, y = make_dense_net(6, True, 6)
         else:
             net, x, y, _ = make_conv_net(CONV_CASES[0], np.random.default_rng(6))
         return factors_after_one_step(net, x, y, **kwargs)
@@ -229,7 +220,7 @@ def test_fraction_is_unbiased_over_rotations_of_the_batch(kind):
     mean of the subsampled A and G equals the full-batch A and G (learning rate 0: the weights do
     not move; per-example gradients do not depend on the order)."""
     if kind == "dense":
-        net, x, y = dense_batch(7, 4)
+        net, x, y = make_dense_net(7, True, 4)
         layers = {name: ref.dense_factors(a, dy, True) for name, (a, dy) in dense_layers(net, x, y).items()}
     else:
         net, x, y, geometry = make_conv_net(CONV_CASES[3], np.random.default_rng(7))
