@@ -66,8 +66,12 @@ os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 import numpy as np  # noqa: E402
 
 import mindspore as ms  # noqa: E402
-import mindspore.scipy.linalg as msla  # noqa: E402
 from mindspore import nn, ops, Tensor  # noqa: E402
+
+from mindspore_ngd.curvature import factors as ngd_factors  # noqa: E402
+from mindspore_ngd.curvature.blocks import BlockLayout, apply_left, apply_right  # noqa: E402
+from mindspore_ngd.curvature.factors import same_padding  # noqa: E402,F401  (the capture's own padding rule)
+from mindspore_ngd.curvature.inverse import damped_inverse  # noqa: E402
 
 from . import save_results  # noqa: E402
 
@@ -163,11 +167,10 @@ def build_cell(model_name, optimizer, period, seed=0):
 
 # ---------------------------------------------------------------------------------------- FLOP model
 def block_layout(dim, split_dim=None):
-    """``(count, size)`` of a factor of side ``dim`` split into ``split_dim`` blocks (as
-    :class:`mindspore_ngd.curvature.blocks.BlockLayout`)."""
-    if split_dim is None or split_dim >= dim:
-        return 1, dim
-    return -(-dim // split_dim), split_dim
+    """``(count, size)`` of a factor of side ``dim`` split into ``split_dim`` blocks: the package's own
+    :class:`mindspore_ngd.curvature.blocks.BlockLayout`."""
+    layout = BlockLayout.of(dim, split_dim)
+    return layout.count, layout.size
 
 
 def inverse_flops(dim, split_dim=None):
@@ -192,12 +195,6 @@ def layer_flops(spec, batch, positions, split_dim=None):
             "capture_a": 2 * rows * a * a, "capture_g": 2 * rows * g * g,
             "inverse_a": inverse_flops(a, split_dim), "inverse_g": inverse_flops(g, split_dim),
             "precondition": precondition_flops(g, a, split_dim)}
-
-
-def same_padding(size, kernel, stride, dilation):
-    out = (size + stride - 1) // stride
-    needed = max((out - 1) * stride + (kernel - 1) * dilation + 1 - size, 0)
-    return needed // 2, needed - needed // 2
 
 
 def layer_geometry(model_name, specs, batch=2):
@@ -252,36 +249,24 @@ class _Empty(nn.Cell):
 
 
 class _CaptureA(nn.Cell):
-    """A of one layer from its input: ``X^T X / rows`` (Dense) or im2col + ``cols cols^T / B`` (Conv2d)."""
+    """A of one layer from its input, by the capture's own formula (:mod:`mindspore_ngd.curvature.factors`)."""
 
-    def __init__(self, spec, pads):
+    def __init__(self, spec):
         super().__init__()
         self.conv = spec.kind == "conv2d"
         self.has_bias = spec.has_bias
         self.kernel, self.stride, self.dilation = spec.kernel_size, spec.stride, spec.dilation
-        self.pads = pads                                  # (left, right, top, bottom)
+        self.pad_mode, self.padding = spec.pad_mode, spec.padding
 
     def construct(self, x):
-        if not self.conv:
-            rows = x.shape[0]
-            if self.has_bias:
-                x = ops.concat((x, ops.ones((rows, 1), ms.float32)), 1)
-            return ops.matmul(x.transpose(1, 0), x) / rows
-        if sum(self.pads) > 0:
-            x = ops.pad(x, self.pads)
-        patches = ops.unfold(x, self.kernel, self.dilation, 0, self.stride)
-        batch, dim, positions = patches.shape
-        cols = patches.transpose(1, 0, 2).reshape(dim, batch * positions)
-        a = ops.matmul(cols, cols.transpose(1, 0)) / batch
-        if self.has_bias:
-            col_sum = cols.sum(1, keepdims=True) / batch
-            corner = ops.fill(ms.float32, (1, 1), float(positions))
-            a = ops.concat((ops.concat((a, col_sum), 1), ops.concat((col_sum.transpose(1, 0), corner), 1)), 0)
-        return a
+        if self.conv:
+            return ngd_factors.conv_input_factor(x, self.kernel, self.stride, self.dilation, self.pad_mode,
+                                                 self.padding, self.has_bias)
+        return ngd_factors.dense_input_factor(x, self.has_bias)
 
 
 class _CaptureG(nn.Cell):
-    """G of one layer from its output gradient."""
+    """G of one layer from its output gradient, by the capture's own formula."""
 
     def __init__(self, conv):
         super().__init__()
@@ -289,52 +274,29 @@ class _CaptureG(nn.Cell):
 
     def construct(self, dy):
         if self.conv:
-            batch, channels = dy.shape[0], dy.shape[1]
-            cols = dy.reshape(batch, channels, -1).transpose(1, 0, 2).reshape(channels, -1)
-        else:
-            cols = dy.transpose(1, 0)
-        return ops.matmul(cols, cols.transpose(1, 0))
+            return ngd_factors.conv_output_factor(dy, 1.0)
+        return ngd_factors.dense_output_factor(dy, 1.0)
 
 
 class _Inverse(nn.Cell):
-    """Cholesky inverse of one SPD matrix (D, D) or a stack of blocks (nb, s, s)."""
+    """The engine's Cholesky inverse (:func:`mindspore_ngd.curvature.inverse.damped_inverse`, the CPU
+    path) of one SPD matrix (D, D) or a stack of blocks (nb, s, s)."""
 
     def construct(self, m):
-        size = m.shape[-1]
-        if size == 1:
-            return 1.0 / m
-        eye = ops.eye(size, size, ms.float32)
-        if m.ndim == 3:
-            eye = ops.broadcast_to(eye, m.shape)
-        low_inv = msla.solve_triangular(ops.cholesky(m), eye, lower=True)
-        if m.ndim == 3:
-            return ops.bmm(low_inv.swapaxes(-1, -2), low_inv)
-        return ops.matmul(low_inv.transpose(1, 0), low_inv)
+        return damped_inverse(m, 0.0, "cholesky", 0.0)[0]
 
 
 class _Precondition(nn.Cell):
-    """``blockdiag(G^-1) dW blockdiag(A^-1)`` (one block: the dense product)."""
+    """``blockdiag(G^-1) dW blockdiag(A^-1)`` as :meth:`KroneckerBlock.precondition` computes it (one
+    block: the dense product)."""
 
     def __init__(self, g_dim, a_dim, split_dim):
         super().__init__()
-        self.g_dim, self.a_dim = g_dim, a_dim
-        self.g_count, self.g_size = block_layout(g_dim, split_dim)
-        self.a_count, self.a_size = block_layout(a_dim, split_dim)
+        self.g_layout = BlockLayout.of(g_dim, split_dim)
+        self.a_layout = BlockLayout.of(a_dim, split_dim)
 
     def construct(self, g_inv, grad, a_inv):
-        if self.g_count == 1:
-            left = ops.matmul(g_inv, grad)
-        else:
-            pad = self.g_count * self.g_size - self.g_dim
-            m = ops.concat((grad, ops.zeros((pad, self.a_dim), ms.float32)), 0) if pad else grad
-            left = ops.bmm(g_inv, m.reshape(self.g_count, self.g_size, self.a_dim))
-            left = left.reshape(self.g_count * self.g_size, self.a_dim)[:self.g_dim]
-        if self.a_count == 1:
-            return ops.matmul(left, a_inv)
-        pad = self.a_count * self.a_size - self.a_dim
-        m = ops.concat((left, ops.zeros((self.g_dim, pad), ms.float32)), 1) if pad else left
-        out = ops.bmm(m.reshape(self.g_dim, self.a_count, self.a_size).transpose(1, 0, 2), a_inv)
-        return out.transpose(1, 0, 2).reshape(self.g_dim, self.a_count * self.a_size)[:, :self.a_dim]
+        return apply_right(apply_left(g_inv, grad, self.g_layout), a_inv, self.a_layout)
 
 
 def _spd(count, size, rng):
@@ -374,19 +336,11 @@ class KernelTimer:
 
     def capture_a(self, spec, geometry, batch):
         x_shape = (batch,) + tuple(geometry["input"][1:])
-        pads = (0, 0, 0, 0)
-        if spec.kind == "conv2d":
-            if spec.pad_mode == "same":
-                top, bottom = same_padding(x_shape[2], spec.kernel_size[0], spec.stride[0], spec.dilation[0])
-                left, right = same_padding(x_shape[3], spec.kernel_size[1], spec.stride[1], spec.dilation[1])
-                pads = (left, right, top, bottom)
-            elif spec.pad_mode == "pad":
-                top, bottom, left, right = spec.padding
-                pads = (left, right, top, bottom)
-        else:
+        if spec.kind != "conv2d":
             x_shape = (int(np.prod(x_shape[:-1])), x_shape[-1])
-        key = ("A", spec.kind, x_shape, spec.kernel_size, spec.stride, spec.dilation, pads, spec.has_bias)
-        return self._cached(key, lambda: (_CaptureA(spec, pads), (
+        key = ("A", spec.kind, x_shape, spec.kernel_size, spec.stride, spec.dilation, spec.pad_mode, spec.padding,
+               spec.has_bias)
+        return self._cached(key, lambda: (_CaptureA(spec), (
             Tensor(self.rng.standard_normal(x_shape).astype(np.float32)),)))
 
     def capture_g(self, spec, geometry, batch):
