@@ -34,6 +34,7 @@ A task whose data or package is missing here (e.g. Fashion-MNIST: ``sudo apt-get
 dataset-fashion-mnist``) is skipped with one line saying how to get it.
 """
 import argparse
+import dataclasses
 import functools
 import importlib.util
 import inspect
@@ -257,11 +258,20 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None):
             "init_checksum": init_checksum, "counters": counters, "curve": curve}
 
 
-def _run_in_child(task_name, name, lr, damping, seed, epochs, label):
+def with_target(task, target):
+    """``task`` raced to the fixed test accuracy ``target`` (None: the task as defined)."""
+    if target is None or target == task.target:
+        return task
+    if task.kind != "classification":
+        raise ValueError(f"a fixed target is a test accuracy: task {task.name!r} is a {task.kind} task")
+    return dataclasses.replace(task, target=float(target))
+
+
+def _run_in_child(task_name, target, name, lr, damping, seed, epochs, label):
     """Entry point of a fresh (spawned) process: one run, returned to the parent by pickling."""
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
-    task = TASKS[task_name]
+    task = with_target(TASKS[task_name], target)
     return run_one(task, task.load(), name, lr, damping, seed, epochs, Progress(label, epochs))
 
 
@@ -296,7 +306,7 @@ def _run_plan(task, plan, epochs, stream, isolate):
         runs = []
         for (name, lr, damping, seed), label in zip(plan, labels):
             with context.Pool(1) as pool:
-                runs.append(pool.apply(_run_in_child, (task.name, name, lr, damping, seed, epochs, label)))
+                runs.append(pool.apply(_run_in_child, (task.name, task.target, name, lr, damping, seed, epochs, label)))
         return runs
     arrays = task.load()
     return [run_one(task, arrays, name, lr, damping, seed, epochs, Progress(label, epochs, stream))
@@ -506,7 +516,8 @@ def markdown(task, summary, seeds, epochs):
 # ---------------------------------------------------------------------------------------- plotting
 
 def plot(task, runs, summary, path):
-    """Test metric vs epoch and vs seconds (median over seeds of each optimizer's best grid point)."""
+    """Test metric vs epoch and vs seconds of each optimizer's best grid point: the median over seeds,
+    or, in a race to a fixed target, every seed's run."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -521,11 +532,21 @@ def plot(task, runs, summary, path):
     for name, entry in summary["best"].items():
         chosen = [r for r in runs if r["optimizer"] == name and r["lr"] == entry["lr"]
                   and r["damping"] == entry["damping"]]
+        label = f"{name} ({_point(entry['lr'], entry['damping'])})"
         length = min(len(r["curve"]) for r in chosen)
         for ax, (key, x_key) in zip(axes, panels):
+            if task.target is not None:
+                # a race stops each run at the target, after a different number of epochs: every seed
+                # is drawn, with markers (a run that hits the target in its first epoch is one point)
+                color = None
+                for i, r in enumerate(chosen):
+                    line, = ax.plot([row[x_key] for row in r["curve"]], [row[key] for row in r["curve"]],
+                                    marker="o", ms=3, lw=1, color=color, label=label if i == 0 else None)
+                    color = line.get_color()
+                continue
             values = np.array([[row[key] for row in r["curve"][:length]] for r in chosen])
             xs = np.median(np.array([[row[x_key] for row in r["curve"][:length]] for r in chosen]), 0)
-            line, = ax.plot(xs, np.median(values, 0), label=f"{name} ({_point(entry['lr'], entry['damping'])})")
+            line, = ax.plot(xs, np.median(values, 0), label=label)
             if len(chosen) > 1:
                 ax.fill_between(xs, values.min(0), values.max(0), color=line.get_color(), alpha=0.15)
     for ax, (key, x_key) in zip(axes, panels):
@@ -580,6 +601,9 @@ def parse_args(argv=None):
                         help="full: every lr (and damping) of the grid at every seed; single: the middle "
                              "point; tuned: the full grid at seed 0, the other seeds at each optimizer's "
                              "chosen point (default full; single with --quick)")
+    parser.add_argument("--target", type=float, default=None,
+                        help="race every task to this test accuracy in (0, 1] (classification tasks only; "
+                             "replaces the task's own fixed target or its Momentum-derived one)")
     parser.add_argument("--quick", action="store_true",
                         help="one seed, the task's quick epoch budget, single grid point")
     parser.add_argument("--out", default=None, help="output directory (default results/; with --from-json: "
@@ -607,6 +631,12 @@ def parse_args(argv=None):
         parser.error("--optimizers must include momentum: its best result is the target")
     _positive(parser, "--seeds", args.seeds)
     _positive(parser, "--epochs", args.epochs)
+    if args.target is not None:
+        if not 0.0 < args.target <= 1.0:
+            parser.error(f"--target must be a test accuracy in (0, 1], got {args.target}")
+        other = [n for n in args.tasks if TASKS[n].kind != "classification"]
+        if other:
+            parser.error(f"--target: {', '.join(other)} is not a classification task (no test accuracy)")
     if args.seeds is None:
         args.seeds = 1 if args.quick else 3
     if args.grid is None:
@@ -665,7 +695,8 @@ def rebuild(json_path, out=None, plots=True):
         payload = json.load(handle)
     runs = [dict(run, curve=_nan_for_null(run["curve"])) for run in payload["runs"]]
     name = os.path.splitext(os.path.basename(json_path))[0]
-    _, table, md_path, png_path = _write_reports(TASKS[payload["task"]], runs, payload,
+    task = with_target(TASKS[payload["task"]], payload.get("target"))
+    _, table, md_path, png_path = _write_reports(task, runs, payload,
                                                  out or os.path.dirname(json_path), name, plots)
     print(table)
     return {"json": json_path, "markdown": md_path, "png": png_path}
@@ -682,7 +713,7 @@ def main(argv=None):
         argv if argv is not None else sys.argv[1:])
     outputs = {}
     for task_name in args.tasks:
-        task = TASKS[task_name]
+        task = with_target(TASKS[task_name], args.target)
         epochs = args.epochs or (task.quick_epochs if args.quick else task.epochs)
         reason = task.unavailable_reason()
         if reason:
@@ -698,11 +729,12 @@ def main(argv=None):
                         "settings": OPTIMIZERS[n].settings} for n in args.optimizer_names}
         meta = {"task": task.name, "description": task.description, "kind": task.kind,
                 "metric": task.metric, "higher_is_better": task.higher_is_better,
-                "target_metric": task.target_metric, "target_rule": task.target_rule,
+                "target_metric": task.target_metric, "target_rule": task.target_rule, "target": task.target,
                 "epochs": epochs, "seeds": args.seeds, "batch_size": task.batch_size, "grid": args.grid,
                 "quick": args.quick, "isolated_runs": args.isolate, "optimizers": settings, "command": command,
                 "total_seconds": time.perf_counter() - start, "cpu_model": _cpu_model()}
-        name = f"convergence_{task.name}" + ("_quick" if args.quick else "")
+        name = f"convergence_{task.name}" + ("" if args.target is None else f"_target{args.target:g}") \
+            + ("_quick" if args.quick else "")
         summary, table, md_path, png_path = _write_reports(task, runs, meta, args.out, name, not args.no_plots)
         print(table, flush=True)
         json_path = save_results(args.out, name, _json_safe({**meta, "runs": runs, **summary, "markdown": table}))

@@ -142,6 +142,23 @@ def test_fixed_target_race_picks_the_fastest_point_and_compares_with_the_better_
     assert "test accuracy 0.95 (fixed" in text and "Momentum and Adam on this task (adam)" in text
 
 
+def test_target_option_races_to_the_given_accuracy_and_the_saved_race_rebuilds_with_it(tmp_path):
+    task = convergence.with_target(TASKS["digits-cnn-b512"], 0.88)
+    assert (task.target, task.target_rule, TASKS["digits-cnn-b512"].target) == (0.88, "fixed", 0.95)
+    assert convergence.with_target(TASKS["digits-cnn"], None) is TASKS["digits-cnn"]
+    with pytest.raises(ValueError, match="digits-autoencoder"):
+        convergence.with_target(TASKS["digits-autoencoder"], 0.9)
+    runs = [_run("momentum", 0.1, None, 0, (0.85, 0.87, 0.89)), _run("adam", 0.01, None, 0, (0.86, 0.9))]
+    summary = convergence.summarize(task, runs)
+    assert summary["targets"] == {"0": 0.88}
+    assert summary["best"]["adam"]["per_seed"][0]["epochs_to_target"] == 2
+    path = tmp_path / "convergence_digits-cnn-b512_target0.88.json"
+    path.write_text(json.dumps({"task": "digits-cnn-b512", "target": 0.88, "seeds": 1, "epochs": 3,
+                                "command": "test", "total_seconds": 1.0, "runs": runs}))
+    out = convergence.rebuild(str(path), str(tmp_path), plots=False)
+    assert "test accuracy 0.88 (fixed" in open(out["markdown"], encoding="utf-8").read()
+
+
 def test_tuned_grid_runs_the_grid_on_seed_0_and_the_chosen_points_on_the_others(monkeypatch):
     task = TASKS["digits-cnn-b512"]
     calls = []
@@ -189,6 +206,8 @@ def test_summary_autoencoder_target_is_final_training_loss_and_unreached_is_inf(
     (["--epochs", "0"], ["--epochs", ">= 1"]),
     (["--grid", "huge"], ["--grid", "full", "single"]),
     (["--from-json", "no/such/file.json"], ["--from-json", "no/such/file.json"]),
+    (["--target", "1.5"], ["--target", "(0, 1]", "1.5"]),
+    (["--target", "0.9", "--task", "digits-autoencoder"], ["--target", "digits-autoencoder", "classification"]),
 ])
 def test_cli_rejects_bad_arguments_naming_them(argv, words, capsys):
     with pytest.raises(SystemExit):
