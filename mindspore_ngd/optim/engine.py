@@ -45,6 +45,7 @@ from ..parallel.exchange import DistributedExchange, LocalExchange
 from ..schedule import as_schedule, as_unit_schedule
 from .groups import parse_groups
 from .layers import discover, parameter_roles, plain_layers
+from .argdocs import shared_arguments
 from .policy import Policy, check_arguments, default_decay_filter
 from .guard import Guard
 from .report import Inspection, report_invisible
@@ -55,6 +56,7 @@ __all__ = ["NGDOptimizer"]
 logger = logging.getLogger("mindspore_ngd")
 
 
+@shared_arguments
 class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
     """Natural-gradient optimizer engine (an ``nn.Optimizer``); use :class:`mindspore_ngd.KFAC` etc.
 
@@ -98,13 +100,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
             "memory" their factor memory (``a^2 + g^2``).
         divergence_patience (int): stop with ``RuntimeError("... diverged at step ...")`` after this
             many consecutive steps with a non-finite gradient (>= 1). Default 10.
-        params (list): parameter groups as ``nn.Momentum``'s ``params``: a list of the network's
-            Parameters, or of dicts with "params" and optionally "lr", "weight_decay" and
-            "grad_centralization", plus an optional ``{"order_params": [...]}``. The groups must hold
-            exactly the network's trainable parameters. A group's lr scales its parameters' part of
-            the preconditioned step (KL clipping uses each parameter's own lr); its weight decay is
-            added after preconditioning; gradient centralization acts on the final direction. See
-            :mod:`mindspore_ngd.optim.groups`. None (default): every trainable parameter, one group.
+        @params@
     """
 
     def __init__(self, network, learning_rate, damping=1e-3, momentum=0.9, weight_decay=0.0,

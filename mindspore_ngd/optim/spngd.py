@@ -17,11 +17,13 @@ What makes it SP-NGD rather than K-FAC, all in the policy:
 from .. import _validate
 from ..schedule.rules import StaleIntervals
 from .engine import NGDOptimizer
+from .argdocs import shared_arguments
 from .policy import Policy
 
 __all__ = ["SPNGD"]
 
 
+@shared_arguments
 class SPNGD(NGDOptimizer):
     r"""Scalable and practical natural gradient descent, an ``nn.Optimizer`` for ``Model.train``.
 
@@ -65,31 +67,7 @@ class SPNGD(NGDOptimizer):
         decay_filter (callable): ``Parameter -> bool``; default decays parameters with 2+ dimensions.
         skip_layers (iterable of str): Dense/Conv2d cell names to leave un-preconditioned.
         verbose (bool): log the preconditioned layers. Default True.
-        distributed: "auto" (default), True or False; see :class:`mindspore_ngd.NGDOptimizer` and
-            docs/distributed.md.
-        grad_worker_fraction: fraction of the ranks that own each layer (``k/N``); None is ``1/N``.
-        balance (str): "compute" (default) or "memory": what the layer ownership balances.
-        adaptive_damping (bool): adapt the damping during training (it starts at ``damping``, never
-            goes below it, rises when steps overshoot; see docs/algorithms.md). Default True.
-        divergence_patience (int): stop with ``RuntimeError("... diverged at step ...")`` after this
-            many consecutive non-finite steps (>= 1). Default 10.
-        params (list): parameter groups as ``nn.Momentum``'s ``params``: a list of the network's
-            Parameters, or of dicts with "params" and optionally "lr", "weight_decay" and
-            "grad_centralization", plus an optional ``{"order_params": [...]}``. The groups must hold
-            exactly the network's trainable parameters. A group's lr scales its parameters' part of
-            the preconditioned step (KL clipping uses each parameter's own lr); its weight decay is
-            added after preconditioning; gradient centralization acts on the final direction. See
-            :mod:`mindspore_ngd.optim.groups`. None (default): every trainable parameter, one group.
-        strict (bool): raise a RuntimeError when a preconditioned layer captures nothing on its first
-            capture step (its construct is never called, e.g. ``out_proj`` of
-            ``nn.MultiheadAttention``); False (default) demotes it to the plain update with a WARNING.
-        stat_fraction (float): in (0, 1]; compute the batch A and G from the first
-            ``max(1, ceil(stat_fraction * B))`` examples of each batch (a random subset when the data
-            is shuffled), rescaled to estimate the full-batch factors. Default 1 (whole batch).
-        stat_stride (int): >= 1; Conv2d A and G from every ``stat_stride``-th output position in each
-            spatial direction only (A rescaled by ``T / T'``); Dense layers ignore it. Default 1. The
-            unit-wise BatchNorm Fisher always uses the whole batch. See :class:`mindspore_ngd.Policy`
-            and docs/algorithms.md.
+        @all@
 
     State (Parameters, checkpointed): ``spngd.intervals``, ``spngd.next_refresh`` and
     ``spngd.refreshes`` are int32 vectors over :attr:`statistic_names` (A of every layer, G of every

@@ -1,0 +1,285 @@
+"""The capture cells: batch-statistic buffers and flags, and the capturing ``construct`` of each layer
+class (see :mod:`mindspore_ngd.capture` for how they fit together)."""
+import numpy as np
+
+from mindspore import mint, nn, ops, Parameter, Tensor
+
+from ..curvature import factors
+from .discover import _ATTR
+
+__all__ = ["LayerCapture", "NormCapture", "attach", "detach", "current_capture", "never_captured", "UNSEEN"]
+
+# a batch buffer whose [0, 0] entry is negative was never written by a capture: a real A or G is a
+# Gram matrix, its diagonal is >= 0 (NaN compares False and is left to the fold's finiteness check)
+UNSEEN = -1.0
+
+
+def _scratch(cell, attr, param):
+    """Hold a per-step scratch buffer on ``cell`` without registering it as the cell's Parameter.
+
+    The batch buffers are written and read only inside run-time branches, always written before
+    they are read in the same step, so they carry no state between steps. Kept out of the cell's
+    parameters they stay out of checkpoints, and ``load_param_into_net`` never replaces their data:
+    replacing the data of a Parameter that a compiled graph uses only inside run-time branches
+    disconnects it from its host value in MindSpore 2.10 (measured), while the graph keeps using
+    the old buffer."""
+    object.__setattr__(cell, attr, param)
+
+
+def _unseen(dim):
+    buffer = np.zeros((dim, dim), np.float32)
+    buffer[0, 0] = UNSEEN
+    return buffer
+
+
+def never_captured(batch):
+    """Whether a batch buffer still holds its initial ``UNSEEN`` mark (a graph-mode bool scalar)."""
+    return batch[0, 0] < 0
+
+
+class LayerCapture(nn.Cell):
+    """Batch A and G buffers of one layer, the flags that enable capture, and the G hook.
+
+    The buffers start as zeros with ``UNSEEN`` at ``[0, 0]``: a capture always overwrites that entry
+    with a squared norm (>= 0), so :func:`never_captured` tells a layer whose construct never ran (or
+    whose output never reached the loss) from one that captured zeros.
+
+    ``capture_a`` / ``capture_g`` are set for the *next* step, only through the optimizer's
+    :class:`CaptureControl`. Parameter names are ``{prefix}.{layer}.a_batch`` etc., deterministic and
+    unique per optimizer prefix.
+
+    ``stat_fraction`` and ``stat_stride`` (validated by :class:`mindspore_ngd.Policy`) subsample the
+    batch A and G: the first ``max(1, ceil(stat_fraction * B))`` examples (rows) and, for a Conv2d,
+    every ``stat_stride``-th output position per spatial axis, rescaled as in
+    :mod:`mindspore_ngd.curvature.factors`. The trace probes and the output-gradient sum always use
+    the whole batch.
+    """
+
+    def __init__(self, spec, prefix, loss_scale=1.0, traces=False, sums_gradient=False, stat_fraction=1.0,
+                 stat_stride=1):
+        super().__init__(auto_prefix=False)
+        self.spec = spec
+        base = f"{prefix}.{spec.name}"
+        _scratch(self, "a_batch", Parameter(Tensor(_unseen(spec.a_dim)), name=f"{base}.a_batch", requires_grad=False))
+        _scratch(self, "g_batch", Parameter(Tensor(_unseen(spec.g_dim)), name=f"{base}.g_batch", requires_grad=False))
+        self.capture_a = Parameter(Tensor(True), name=f"{base}.capture_a", requires_grad=False)
+        self.capture_g = Parameter(Tensor(True), name=f"{base}.capture_g", requires_grad=False)
+        self.is_conv = spec.kind == "conv2d"
+        self.has_bias = spec.has_bias
+        self.g_scale = 1.0 / float(loss_scale) ** 2
+        self.kernel_size = spec.kernel_size
+        self.stride = spec.stride
+        self.dilation = spec.dilation
+        self.pad_mode = spec.pad_mode
+        self.padding = spec.padding
+        self.stat_fraction = float(stat_fraction)
+        self.stat_stride = int(stat_stride) if self.is_conv else 1     # Dense layers have no positions
+        self.grad_hook = ops.InsertGradientOf(self.save_output_factor)
+        # trace probes (THOR's trace rule): trace(A) / trace(G) of the batch, without forming the
+        # factors, on steps whose trace_a / trace_g flag is set; the buffers exist only when asked for
+        self.traces_enabled = bool(traces)
+        if self.traces_enabled:
+            self.trace_a = Parameter(Tensor(False), name=f"{base}.trace_a", requires_grad=False)
+            self.trace_g = Parameter(Tensor(False), name=f"{base}.trace_g", requires_grad=False)
+            self.a_trace = Parameter(Tensor(np.float32(0)), name=f"{base}.a_trace", requires_grad=False)
+            self.g_trace = Parameter(Tensor(np.float32(0)), name=f"{base}.g_trace", requires_grad=False)
+        # loss-scale probe (one layer with a bias per optimizer, :class:`LossScaleProbe`): the batch sum
+        # of the output gradient, i.e. the bias gradient as the backward pass saw it (scaled), every step
+        self.sums_gradient = bool(sums_gradient)
+        if self.sums_gradient:
+            _scratch(self, "grad_sum", Parameter(Tensor(np.zeros((spec.g_dim,), np.float32)),
+                                                 name=f"{base}.grad_sum", requires_grad=False))
+
+    def input_trace(self, x):
+        if self.is_conv:
+            return factors.conv_input_trace(x, self.kernel_size, self.stride, self.dilation, self.pad_mode,
+                                            self.padding, self.has_bias)
+        return factors.dense_input_trace(x, self.has_bias)
+
+    def input_factor(self, x):
+        if self.is_conv:
+            return factors.conv_input_factor(x, self.kernel_size, self.stride, self.dilation,
+                                             self.pad_mode, self.padding, self.has_bias, self.stat_fraction,
+                                             self.stat_stride)
+        return factors.dense_input_factor(x, self.has_bias, self.stat_fraction)
+
+    def output_factor(self, dy):
+        if self.is_conv:
+            return factors.conv_output_factor(dy, self.g_scale, self.stat_fraction, self.stat_stride)
+        return factors.dense_output_factor(dy, self.g_scale, self.stat_fraction)
+
+    def capture_input(self, x):
+        if self.capture_a:
+            ops.assign(self.a_batch, self.input_factor(x))
+        if self.traces_enabled:
+            if self.trace_a:
+                ops.assign(self.a_trace, self.input_trace(x))
+        return x
+
+    def save_output_factor(self, dy):
+        if self.capture_g:
+            ops.assign(self.g_batch, self.output_factor(dy))
+        if self.traces_enabled:
+            if self.trace_g:
+                ops.assign(self.g_trace, factors.output_trace(dy, self.g_scale, self.is_conv))
+            dy = ops.depend(dy, self.g_trace)
+        if self.sums_gradient:
+            dy = ops.depend(dy, ops.assign(self.grad_sum, factors.output_sum(dy, self.is_conv)))
+        # the gradient flowing on waits for the buffer write: without this the optimizer could read
+        # the first layer's G (the last hook of the backward pass) before it is written (measured)
+        return ops.depend(dy, self.g_batch)
+
+
+class NormCapture(nn.Cell):
+    """Per-channel (gamma, beta) Fisher buffer of one BatchNorm layer, its flag and its hook.
+
+    On a capture step the layer's output becomes ``y + xhat * p_gamma + p_beta`` with a zero probe
+    ``p`` of shape (2, B, C, 1, 1): the value is unchanged, and the gradient reaching ``p`` is the
+    per-example (g_gamma, g_beta) that :func:`factors.unit_fisher` turns into the Fisher entries. On
+    other steps the probe is not added (a single-level run-time branch) and costs nothing.
+    """
+
+    def __init__(self, spec, prefix, loss_scale=1.0):
+        super().__init__(auto_prefix=False)
+        self.spec = spec
+        base = f"{prefix}.{spec.name}"
+        _scratch(self, "f_batch", Parameter(Tensor(np.zeros((spec.channels, 3), np.float32)),
+                                            name=f"{base}.f_batch", requires_grad=False))
+        self.capture_f = Parameter(Tensor(True), name=f"{base}.capture_f", requires_grad=False)
+        self.eps = spec.eps
+        self.g_scale = 1.0 / float(loss_scale)
+        self.grad_hook = ops.InsertGradientOf(self.save_fisher)
+
+    def save_fisher(self, probe_grad):
+        if self.capture_f:
+            ops.assign(self.f_batch, factors.unit_fisher(probe_grad, self.g_scale))
+        return ops.depend(probe_grad, self.f_batch)     # ordered before the optimizer's read (as G)
+
+    def probe(self, x, y, gamma):
+        # the hook sits outside the branch: a hook inside a value-returning branch fails to compile
+        probe = self.grad_hook(factors.unit_probe(gamma, x.shape[0], x.ndim))
+        if self.capture_f:
+            xhat = factors.normalized_input(x, self.eps)
+            y = y + ops.cast(xhat * probe[0] + probe[1], y.dtype)
+        return y
+
+
+class _CapturedBatchNorm:
+    """construct of a capturing BatchNorm: the training path with the Fisher probe, else as before."""
+
+    def construct(self, x):
+        if self.training:
+            y = self.bn_train(x, self.gamma, self.beta, self.moving_mean, self.moving_variance)[0]
+            return self._ngd_capture.probe(x, y, self.gamma)
+        x_shape = x.shape
+        reshaped = x
+        if len(x_shape) == 2:
+            reshaped = x.reshape(x_shape[0], x_shape[1], 1, 1)
+        elif len(x_shape) == 3:
+            reshaped = x.reshape(x_shape[0], x_shape[1], x_shape[2], 1)
+        out = self.bn_infer(reshaped, self.gamma, self.beta, self.moving_mean, self.moving_variance)[0]
+        if len(x_shape) < 4:
+            out = out.reshape(x_shape)
+        return out
+
+
+class _CapturedDense:
+    """construct of a capturing nn.Dense (same computation as ``nn.Dense.construct``)."""
+
+    def construct(self, x):
+        x_shape = x.shape
+        if len(x_shape) != 2:
+            x = x.reshape(-1, x_shape[-1])
+        if self.training:
+            x = self._ngd_capture.capture_input(x)
+        x = self.matmul(x, self.weight)
+        if self.has_bias:
+            x = self.bias_add(x, self.bias)
+        if self.training:
+            x = self._ngd_capture.grad_hook(x)
+        if self.activation_flag:
+            x = self.activation(x)
+        if len(x_shape) != 2:
+            x = x.reshape(x_shape[:-1] + (x.shape[-1],))
+        return x
+
+
+class _CapturedConv2d:
+    """construct of a capturing nn.Conv2d (same computation as ``nn.Conv2d.construct``)."""
+
+    def construct(self, x):
+        if self.training:
+            x = self._ngd_capture.capture_input(x)
+        output = self.conv2d(x, self.weight)
+        if self.has_bias:
+            output = self.bias_add(output, self.bias)
+        if self.training:
+            output = self._ngd_capture.grad_hook(output)
+        return output
+
+
+class _CapturedLinear:
+    """construct of a capturing nn.Linear / mint.nn.Linear (``ops.Dense`` on the input as rows)."""
+
+    def construct(self, x):
+        if self.training:
+            x_shape = x.shape
+            rows = self._ngd_capture.capture_input(x.reshape(-1, x_shape[-1]))
+            out = self._ngd_capture.grad_hook(self.dense(rows, self.weight, self.bias))
+            return out.reshape(x_shape[:-1] + (out.shape[-1],))
+        return self.dense(x, self.weight, self.bias)
+
+
+class _CapturedMintConv2d:
+    """construct of a capturing mint.nn.Conv2d with zero padding (the same kernel call; an unbatched
+    (C, H, W) input is captured as a batch of one)."""
+
+    def construct(self, x):
+        if self.training:
+            unbatched = len(x.shape) == 3
+            if unbatched:
+                x = x.expand_dims(0)
+            x = self._ngd_capture.capture_input(x)
+            output = self.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+            output = self._ngd_capture.grad_hook(output)
+            if unbatched:
+                output = output.squeeze(0)
+            return output
+        return self.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+_MIXINS = ((nn.Dense, _CapturedDense), (nn.Linear, _CapturedLinear), (nn.Conv2d, _CapturedConv2d),
+           (mint.nn.Conv2d, _CapturedMintConv2d))
+_CLASSES = {}
+
+
+def _captured_class(cls):
+    mixin = _CapturedBatchNorm
+    for base, captured in _MIXINS:
+        if issubclass(cls, base):
+            mixin = captured
+            break
+    if cls not in _CLASSES:
+        _CLASSES[cls] = type(f"NGD{cls.__name__}", (mixin, cls), {"_ngd_original_class": cls})
+    return _CLASSES[cls]
+
+
+def attach(cells, captures):
+    """Make each cell capture into its LayerCapture (in place; replaces an earlier attachment)."""
+    for cell, capture in zip(cells, captures):
+        original = getattr(type(cell), "_ngd_original_class", type(cell))
+        object.__setattr__(cell, _ATTR, capture)
+        cell.__class__ = _captured_class(original)
+
+
+def detach(cells):
+    """Undo :func:`attach`: restore the original classes."""
+    for cell in cells:
+        original = getattr(type(cell), "_ngd_original_class", None)
+        if original is not None:
+            cell.__class__ = original
+            object.__delattr__(cell, _ATTR)
+
+
+def current_capture(cell):
+    return getattr(cell, _ATTR, None)

@@ -1,0 +1,69 @@
+"""Argument documentation shared by the optimizers' docstrings, written once.
+
+A line ``@name@`` (indented as an ``Args:`` entry) in the docstring of a class decorated with
+:func:`shared_arguments` is replaced by the entry for ``name`` below; ``@all@`` by every entry, in
+order."""
+
+__all__ = ["ARGUMENTS", "shared_arguments"]
+
+# each entry as it appears under "Args:" (8 spaces, continuation lines 12)
+ARGUMENTS = {
+    "distributed": (
+        'distributed: "auto" (default), True or False; see :class:`mindspore_ngd.NGDOptimizer` and\n'
+        '    docs/distributed.md.'
+    ),
+    "grad_worker_fraction": (
+        'grad_worker_fraction: fraction of the ranks that own each layer (``k/N``); None is ``1/N``.'
+    ),
+    "balance": (
+        'balance (str): "compute" (default) or "memory": what the layer ownership balances.'
+    ),
+    "adaptive_damping": (
+        'adaptive_damping (bool): adapt the damping during training (it starts at ``damping``, never\n'
+        '    goes below it, rises when steps overshoot; see docs/algorithms.md). Default True.'
+    ),
+    "divergence_patience": (
+        'divergence_patience (int): stop with ``RuntimeError("... diverged at step ...")`` after this\n'
+        '    many consecutive non-finite steps (>= 1). Default 10.'
+    ),
+    "params": (
+        "params (list): parameter groups as ``nn.Momentum``'s ``params``: a list of the network's\n"
+        '    Parameters, or of dicts with "params" and optionally "lr", "weight_decay" and\n'
+        '    "grad_centralization", plus an optional ``{"order_params": [...]}``. The groups must hold\n'
+        "    exactly the network's trainable parameters. A group's lr scales its parameters' part of\n"
+        "    the preconditioned step (KL clipping uses each parameter's own lr); its weight decay is\n"
+        '    added after preconditioning; gradient centralization acts on the final direction. See\n'
+        '    :mod:`mindspore_ngd.optim.groups`. None (default): every trainable parameter, one group.'
+    ),
+    "strict": (
+        'strict (bool): raise a RuntimeError when a preconditioned layer captures nothing on its first\n'
+        '    capture step (its construct is never called, e.g. ``out_proj`` of\n'
+        '    ``nn.MultiheadAttention``); False (default) demotes it to the plain update with a WARNING.'
+    ),
+    "stat_fraction": (
+        'stat_fraction (float): in (0, 1]; compute the batch A and G from the first\n'
+        '    ``max(1, ceil(stat_fraction * B))`` examples of each batch (a random subset when the data\n'
+        '    is shuffled), rescaled to estimate the full-batch factors. Default 1 (whole batch).'
+    ),
+    "stat_stride": (
+        "stat_stride (int): >= 1; Conv2d A and G from every ``stat_stride``-th output position in each\n"
+        "    spatial direction only (A rescaled by ``T / T'``). Dense layers, and SP-NGD's unit-wise\n"
+        "    BatchNorm Fisher, use every position. Default 1. See :class:`mindspore_ngd.Policy` and\n"
+        "    docs/algorithms.md."
+    ),
+}
+
+
+def shared_arguments(cls):
+    """Class decorator: fill the ``@name@`` lines of ``cls.__doc__`` from :data:`ARGUMENTS`."""
+    lines = []
+    for line in cls.__doc__.split("\n"):
+        name = line.strip()
+        if name.startswith("@") and name.endswith("@") and len(name) > 2:
+            indent = line[:len(line) - len(line.lstrip())]
+            names = list(ARGUMENTS) if name == "@all@" else [name[1:-1]]
+            lines += [indent + part for key in names for part in ARGUMENTS[key].split("\n")]
+        else:
+            lines.append(line)
+    cls.__doc__ = "\n".join(lines)
+    return cls
