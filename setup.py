@@ -23,8 +23,9 @@ setup(
         # every benchmark, including the time-to-accuracy suite (python -m benchmarks.convergence):
         # digits and MNIST-1D data, plots
         "bench": ["scikit-learn", "matplotlib", "mnist1d"],
-        # the tests cover the library, the benchmarks and the model zoo
-        "test": ["pytest", "scipy", "scikit-learn", "pyyaml", "matplotlib", "mnist1d"],
+        # the tests cover the library, the benchmarks and the model zoo; pytest-xdist runs them on
+        # two processes (pytest.ini)
+        "test": ["pytest", "pytest-xdist>=3.6", "scipy", "scikit-learn", "pyyaml", "matplotlib", "mnist1d"],
     },
     license="Apache-2.0",
 )

@@ -1,6 +1,6 @@
 """Kronecker-factor statistics of one batch, written with graph-mode MindSpore ops.
 
-Numerical contract (ARCHITECTURE.md; Martens & Grosse 2015, Grosse & Martens 2016). For a batch of
+Numerical contract (docs/algorithms.md; Martens & Grosse 2015, Grosse & Martens 2016). For a batch of
 B examples whose training loss is the MEAN of the per-example losses l_b:
 
 * Dense ``y = W a + b``: ``abar = [a; 1]`` with a bias, ``g_b = d l_b / d y_b = B * dL/dy_b``,

@@ -20,6 +20,9 @@ from training import batch, train_step, weights_after
 CE = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
 
 
+# slow: tests/optimizers/test_policy_contract.py checks the same equivalence (KFAC and THOR with one
+# policy train to identical weights) in the default run, with damping split pi and KL clipping
+@pytest.mark.slow
 def test_thor_without_splitting_or_trace_rule_equals_kfac_with_the_same_policy():
     common = dict(momentum=0.9, weight_decay=1e-3, damping_split="sqrt", factor_decay=0.0, kl_clip=None,
                   verbose=False)
