@@ -23,3 +23,18 @@ def save_results(out_dir, name, payload):
         json.dump(payload, handle, indent=2)
     print(f"saved {path}")
     return path
+
+
+def parse_names(parser, option, text, allowed, all_value=None):
+    """The comma-separated names of a command-line option, each among ``allowed`` and none repeated
+    (``all`` gives ``all_value`` when that is set); ``parser.error`` names the option otherwise."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if all_value is not None and names == ["all"]:
+        return list(all_value)
+    bad = [n for n in names if n not in allowed]
+    if not names or bad:
+        parser.error(f"{option}: unknown {', '.join(map(repr, bad)) or 'empty value'}; allowed: "
+                     f"{', '.join(allowed)}" + (" or all" if all_value is not None else ""))
+    if len(set(names)) != len(names):
+        parser.error(f"{option}: names must not repeat, got {text!r}")
+    return names

@@ -54,7 +54,7 @@ import mindspore as ms  # noqa: E402
 from mindspore import nn, Tensor  # noqa: E402
 
 import mindspore_ngd as ngd  # noqa: E402
-from . import save_results  # noqa: E402
+from . import parse_names, save_results  # noqa: E402
 from .data import DataUnavailable  # noqa: E402
 from .tasks import TASKS  # noqa: E402
 
@@ -570,19 +570,6 @@ def plot(task, runs, summary, path):
 
 # ------------------------------------------------------------------------------------------- CLI
 
-def _names(parser, option, text, allowed, all_value=None):
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    if all_value is not None and names == ["all"]:
-        return list(all_value)
-    bad = [n for n in names if n not in allowed]
-    if not names or bad:
-        parser.error(f"{option}: unknown {', '.join(map(repr, bad)) or 'empty value'}; allowed: "
-                     f"{', '.join(allowed)}" + (" or all" if all_value is not None else ""))
-    if len(set(names)) != len(names):
-        parser.error(f"{option}: names must not repeat, got {text!r}")
-    return names
-
-
 def _positive(parser, option, value):
     if value is not None and value < 1:
         parser.error(f"{option} must be an integer >= 1, got {value}")
@@ -620,8 +607,8 @@ def parse_args(argv=None):
     for path in args.from_json or ():
         if not os.path.isfile(path):
             parser.error(f"--from-json: no such file {path!r}")
-    args.tasks = _names(parser, "--task", args.task, list(TASKS), all_value=TASKS)
-    args.optimizer_names = _names(parser, "--optimizers", args.optimizers, list(OPTIMIZERS))
+    args.tasks = parse_names(parser, "--task", args.task, list(TASKS), all_value=TASKS)
+    args.optimizer_names = parse_names(parser, "--optimizers", args.optimizers, list(OPTIMIZERS))
     missing = [n for n in args.optimizer_names if not OPTIMIZERS[n].available()]
     if missing:
         parser.error(f"--optimizers: {', '.join(missing)} needs mindspore_ngd."

@@ -37,7 +37,7 @@ os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 
 import mindspore as ms  # noqa: E402
 
-from . import save_results  # noqa: E402
+from . import parse_names, save_results  # noqa: E402
 from .cost_model import MODELS, _batches, build_cell  # noqa: E402
 
 PROFILED = ("momentum", "kfac", "kfac-P/P", "thor")
@@ -140,14 +140,6 @@ def markdown(rows, top=8):
     return "\n".join(lines)
 
 
-def _names(parser, option, text, allowed):
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in allowed]
-    if not names or bad:
-        parser.error(f"{option}: unknown {', '.join(map(repr, bad)) or 'empty value'}; allowed: {', '.join(allowed)}")
-    return names
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"among {', '.join(MODELS)}")
@@ -155,8 +147,8 @@ def parse_args(argv=None):
     parser.add_argument("--period", type=int, default=20, help="refresh period of kfac-P/P and thor (>= 2)")
     parser.add_argument("--out", default="results", help="output directory of the JSON")
     args = parser.parse_args(argv)
-    args.models = _names(parser, "--models", args.models, list(MODELS))
-    args.optimizers = _names(parser, "--optimizers", args.optimizers, list(PROFILED))
+    args.models = parse_names(parser, "--models", args.models, list(MODELS))
+    args.optimizers = parse_names(parser, "--optimizers", args.optimizers, list(PROFILED))
     if args.period < 2:
         parser.error(f"--period must be an integer >= 2, got {args.period}")
     return args
