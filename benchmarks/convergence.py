@@ -259,11 +259,15 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None):
 
 
 def with_target(task, target):
-    """``task`` raced to the fixed test accuracy ``target`` (None: the task as defined)."""
+    """``task`` raced to the fixed test accuracy ``target`` (None: the task as defined); ValueError
+    for a target outside (0, 1] or a task that is not a classification task."""
     if target is None or target == task.target:
         return task
+    if not 0.0 < target <= 1.0:
+        raise ValueError(f"the target must be a test accuracy in (0, 1], got {target}")
     if task.kind != "classification":
-        raise ValueError(f"a fixed target is a test accuracy: task {task.name!r} is a {task.kind} task")
+        raise ValueError(f"a fixed target is a test accuracy, which only a classification task has: "
+                         f"task {task.name!r} is of kind {task.kind!r}")
     return dataclasses.replace(task, target=float(target))
 
 
@@ -618,12 +622,11 @@ def parse_args(argv=None):
         parser.error("--optimizers must include momentum: its best result is the target")
     _positive(parser, "--seeds", args.seeds)
     _positive(parser, "--epochs", args.epochs)
-    if args.target is not None:
-        if not 0.0 < args.target <= 1.0:
-            parser.error(f"--target must be a test accuracy in (0, 1], got {args.target}")
-        other = [n for n in args.tasks if TASKS[n].kind != "classification"]
-        if other:
-            parser.error(f"--target: {', '.join(other)} is not a classification task (no test accuracy)")
+    for name in args.tasks:
+        try:
+            with_target(TASKS[name], args.target)
+        except ValueError as err:
+            parser.error(f"--target: {err}")
     if args.seeds is None:
         args.seeds = 1 if args.quick else 3
     if args.grid is None:
