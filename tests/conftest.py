@@ -48,4 +48,3 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "distributed: tests that launch msrun")
     config.addinivalue_line("markers", "device: checks for a real GPU/Ascend (NGD_TEST_DEVICE), excluded by default "
                                        "(run with -m device)")
-

@@ -6,7 +6,8 @@ order."""
 
 __all__ = ["ARGUMENTS", "shared_arguments"]
 
-# each entry as it appears under "Args:" (8 spaces, continuation lines 12)
+# each entry without the indentation of its marker line (which shared_arguments prepends to every
+# line); continuation lines are indented 4 spaces more
 ARGUMENTS = {
     "distributed": (
         'distributed: "auto" (default), True or False; see :class:`mindspore_ngd.NGDOptimizer` and\n'
