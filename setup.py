@@ -3,7 +3,7 @@ from setuptools import find_packages, setup
 
 setup(
     name="mindspore_ngd",
-    version="0.1.0",
+    version="0.2.0",
     description="K-FAC, SP-NGD and THOR-style natural-gradient optimizers as MindSpore nn.Optimizer cells",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",

@@ -7,7 +7,7 @@ from .optim.guard import is_divergence
 from .inspect import kronecker_factors
 from .train import MCFisherTrainStep, RefreshMonitor
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["KFAC", "SPNGD", "THOR", "NGDOptimizer", "Policy", "default_decay_filter", "is_divergence", "kronecker_factors",
            "MCFisherTrainStep", "RefreshMonitor", "__version__"]
 

@@ -1,15 +1,17 @@
 """The Kronecker-factored curvature block of one Dense or Conv2d layer.
 
-A :class:`KroneckerBlock` owns everything the optimizer keeps for its layer -- the moving-average
-factors A and G, their damped inverses (dense, or THOR's block-diagonal split), the update counts,
-the has-inverse flag, the capture cell that computes the batch factors inside the network, and the
-layer's place in the gradient tuple -- and the three steps applied to them: fold a batch into the
-averages, refresh the inverses, precondition the gradient ``G^-1 dW A^-1``.
+A :class:`KroneckerBlock` owns the matrices the optimizer keeps for its layer -- the moving-average
+factors A and G and their damped inverses (dense, or THOR's block-diagonal split) --, the capture
+cell that computes the batch factors inside the network, and the layer's place in the gradient
+tuple, and the three steps applied to them: fold a batch into the averages, refresh the inverses,
+precondition the gradient ``G^-1 dW A^-1``. The layer's scalars (update counts, has-inverse and
+demoted flags) are stacked over all layers in :class:`~mindspore_ngd.curvature.counters.LayerCounters`
+and passed in.
 
 Methods return new values; the optimizer writes them with :meth:`write_factors` /
 :meth:`write_inverses` in its main graph (MindSpore 2.10 disconnects a Parameter assigned inside a
-run-time branch from its host value). Parameter names are ``{prefix}.{layer}.A``, ``.G``, ``.A_inv``,
-``.G_inv``, ``.A_updates``, ``.G_updates`` and ``.has_inverse``, as in every checkpoint so far.
+run-time branch from its host value). Parameter names are ``{prefix}.{layer}.A``, ``.G``, ``.A_inv``
+and ``.G_inv``, as in every checkpoint so far.
 Distributed, a block this rank does not own keeps (1, 1) placeholders of its factors and inverses
 and is never folded or inverted here.
 """
@@ -77,22 +79,15 @@ class KroneckerBlock(nn.Cell):
         self.g_factor = _square(spec.g_dim, f"{base}.G", 0.0, owned)
         self.a_inverse = _identity_inverse(self.a_layout, f"{base}.A_inv", owned)
         self.g_inverse = _identity_inverse(self.g_layout, f"{base}.G_inv", owned)
-        self.a_updates = Parameter(Tensor(0, ms.int32), name=f"{base}.A_updates", requires_grad=False)
-        self.g_updates = Parameter(Tensor(0, ms.int32), name=f"{base}.G_updates", requires_grad=False)
-        self.has_inverse = Parameter(Tensor(False), name=f"{base}.has_inverse", requires_grad=False)
-        self.demoted = Parameter(Tensor(False), name=f"{base}.demoted", requires_grad=False)
         self.capture = LayerCapture(spec, prefix, loss_scale, traces, sums_gradient, stat_fraction, stat_stride)
 
     # ------------------------------------------------------------------ factors
     def factors(self):
-        """(A, G, A update count, G update count, demoted) as stored."""
-        return self.a_factor, self.g_factor, self.a_updates, self.g_updates, self.demoted
+        """(A, G) as stored."""
+        return self.a_factor, self.g_factor
 
     def factor(self, which):
         return self.g_factor if which else self.a_factor
-
-    def updates(self, which):
-        return self.g_updates if which else self.a_updates
 
     def batch(self, token):
         """The captured batch (A, G), read after ``token`` (a value computed from every gradient: the
@@ -109,11 +104,13 @@ class KroneckerBlock(nn.Cell):
     def batch_trace(self, which):
         return self.capture.g_trace if which else self.capture.a_trace
 
-    def fold(self, state, a_batch, g_batch, take_a, take_g, decay, track_changes):
-        """Fold the batch factors captured this step (``take_a``/``take_g``: the capture flags) into the averages: ``(new A, new G, outcome)`` with
-        ``outcome`` = (A taken, G taken, A rejected, G rejected, A change, G change) as float32
-        scalars (changes only with ``track_changes``)."""
-        a_factor, g_factor, a_updates, g_updates = state[:4]
+    def fold(self, state, updates, a_batch, g_batch, take_a, take_g, decay, track_changes):
+        """Fold the batch factors captured this step into the averages ``state`` = (A, G), which have
+        taken ``updates`` = (A count, G count) batches so far; ``take_a``/``take_g``: the capture flags.
+        Returns ``(new A, new G, outcome)`` with ``outcome`` = (A taken, G taken, A rejected, G rejected,
+        A change, G change) as float32 scalars (changes only with ``track_changes``)."""
+        a_factor, g_factor = state
+        a_updates, g_updates = updates
         a, a_count, a_bad, a_change = fold_statistic(a_factor, a_updates, a_batch, take_a, decay, track_changes)
         g, g_count, g_bad, g_change = fold_statistic(g_factor, g_updates, g_batch, take_g, decay, track_changes)
         outcome = (ops.cast(a_count - a_updates, ms.float32), ops.cast(g_count - g_updates, ms.float32),
@@ -125,32 +122,24 @@ class KroneckerBlock(nn.Cell):
     def write_factors(self, state):
         ops.assign(self.a_factor, state[0])
         ops.assign(self.g_factor, state[1])
-        ops.assign(self.a_updates, state[2])
-        ops.assign(self.g_updates, state[3])
-        ops.assign(self.demoted, state[4])
 
     # ------------------------------------------------------------------ inverses
     def inverses(self):
-        """(A inverse, G inverse, has-inverse flag) as stored."""
-        return self.a_inverse, self.g_inverse, self.has_inverse
+        """(A inverse, G inverse) as stored."""
+        return self.a_inverse, self.g_inverse
 
-    @staticmethod
-    def ready(state):
-        """Both factors have been captured at least once."""
-        return ops.logical_and(state[2] > 0, state[3] > 0)
-
-    def refreshed(self, state, ready, damping, inverses):
+    def refreshed(self, state, ready, damping, inverses, trusted):
         """``(A inverse, G inverse, taken, fault)``: new damped inverses if ``ready`` and every check
         passes (factors plausibly PSD, results finite with a positive diagonal, the Newton-Schulz
         iteration converged), else the old ones.
 
-        ``inverses`` is ``(A inverse, G inverse[, has-inverse flag])`` as stored. ``inverse_method="newton"``
-        may warm-start from them, but only when the flag says they are real inverses (before the
-        first accepted refresh they are the initial identity) and their residual shows convergence."""
+        ``state`` is (A, G), ``inverses`` (A inverse, G inverse) as stored. ``inverse_method="newton"``
+        may warm-start from them, but only when ``trusted`` (the layer's has-inverse flag) says they
+        are real inverses (before the first accepted refresh they are the initial identity) and their
+        residual shows convergence."""
         a_safe, a_valid = inv_ops.sanitize(state[0])
         g_safe, g_valid = inv_ops.sanitize(state[1])
         a_shift, g_shift = inv_ops.split_damping(a_safe, g_safe, damping, self.damping_split)
-        trusted = inverses[2] if len(inverses) > 2 else ops.zeros((), ms.bool_)
         a_inv, a_ok = inv_ops.damped_inverse(to_blocks(a_safe, self.a_layout), a_shift, self.inverse_method,
                                              inv_ops.trace_jitter(a_safe, self.jitter), inverses[0], trusted)
         g_inv, g_ok = inv_ops.damped_inverse(to_blocks(g_safe, self.g_layout), g_shift, self.inverse_method,
@@ -165,7 +154,6 @@ class KroneckerBlock(nn.Cell):
     def write_inverses(self, state):
         ops.assign(self.a_inverse, state[0])
         ops.assign(self.g_inverse, state[1])
-        ops.assign(self.has_inverse, state[2])
 
     # ------------------------------------------------------------------ gradient
     def gradient(self, gradients):

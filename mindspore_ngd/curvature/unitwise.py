@@ -1,8 +1,8 @@
 """The unit-wise curvature block of one BatchNorm layer (SP-NGD, Osawa et al. 2020, sec. 4.3).
 
 Each channel c is a unit with its own 2x2 Fisher of (gamma_c, beta_c), stored as the three distinct
-entries per channel in a (C, 3) Parameter ``{prefix}.{layer}.F`` with its update count
-``.F_updates``; the capture cell probes the per-example gradients inside the network (see
+entries per channel in a (C, 3) Parameter ``{prefix}.{layer}.F``; its update count is stacked with
+the other BatchNorm layers' in :class:`~mindspore_ngd.curvature.counters.LayerCounters`. The capture cell probes the per-example gradients inside the network (see
 :class:`mindspore_ngd.capture.NormCapture`). The natural gradient is the closed-form
 ``(F_c + damping I)^-1 [g_gamma, g_beta]``.
 """
@@ -36,31 +36,29 @@ class UnitBatchNormBlock(nn.Cell):
         base = f"{prefix}.{spec.name}"
         self.fisher = Parameter(Tensor(np.zeros((spec.channels, 3), np.float32)), name=f"{base}.F",
                                 requires_grad=False)
-        self.fisher_updates = Parameter(Tensor(0, ms.int32), name=f"{base}.F_updates", requires_grad=False)
         self.capture = NormCapture(spec, prefix, loss_scale)
 
     def factors(self):
-        return self.fisher, self.fisher_updates
+        return self.fisher
 
     def batch(self, token):
         return ops.depend(self.capture.f_batch, token)
 
-    def fold(self, state, batch, flag, decay, track_changes):
-        """``((new F, new count), rejected, change)``, as :func:`mindspore_ngd.curvature.statistics.fold_statistic`."""
-        fisher, count, rejected, change = fold_statistic(state[0], state[1], batch, flag, decay, track_changes)
-        return (fisher, count), rejected, change
+    def fold(self, fisher, count, batch, flag, decay, track_changes):
+        """``(new F, new count, rejected, change)`` of the Fisher ``fisher`` that has taken ``count``
+        batches, as :func:`mindspore_ngd.curvature.statistics.fold_statistic`."""
+        return fold_statistic(fisher, count, batch, flag, decay, track_changes)
 
-    def write_factors(self, state):
-        ops.assign(self.fisher, state[0])
-        ops.assign(self.fisher_updates, state[1])
+    def write_factors(self, fisher):
+        ops.assign(self.fisher, fisher)
 
     def gradients(self, gradients):
         return (ops.cast(gradients[self.gamma_index], ms.float32), ops.cast(gradients[self.beta_index], ms.float32))
 
-    def precondition(self, state, grads, damping):
+    def precondition(self, fisher, known, grads, damping):
         """Unit-wise natural gradients (gamma, beta), float32; a layer whose Fisher was never captured
-        keeps its plain gradient."""
+        (``known`` False) keeps its plain gradient."""
         grad_gamma, grad_beta = grads
-        pre_gamma, pre_beta = unit_natural_gradient(state[0], grad_gamma, grad_beta, damping)
-        known = ops.broadcast_to(state[1] > 0, grad_gamma.shape)
+        pre_gamma, pre_beta = unit_natural_gradient(fisher, grad_gamma, grad_beta, damping)
+        known = ops.broadcast_to(known, grad_gamma.shape)
         return ops.select(known, pre_gamma, grad_gamma), ops.select(known, pre_beta, grad_beta)

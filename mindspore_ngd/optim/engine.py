@@ -38,6 +38,7 @@ from mindspore import nn, ops, Parameter, Tensor
 from .. import _validate
 from ..capture import CaptureControl, attach
 from ..capture.loss_scale import LossScaleProbe, reference_layer
+from ..curvature.counters import LayerCounters
 from ..curvature.kronecker import KroneckerBlock
 from ..curvature.unitwise import UnitBatchNormBlock
 from ..parallel import comm as parallel_comm
@@ -166,6 +167,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         self.norm_blocks = nn.CellList([
             UnitBatchNormBlock(s, prefix, index[s.gamma_name], index[s.beta_name], loss_scale) for s in norm_specs],
             auto_prefix=False)
+        self.counters = LayerCounters(prefix, [s.name for s in specs], [s.name for s in norm_specs])
         probe = None if reference is None else LossScaleProbe(self.blocks[reference].capture,
                                                                self.blocks[reference].bias_index, loss_scale, prefix)
         self.capture_control = CaptureControl([b.capture for b in self.blocks], [b.capture for b in self.norm_blocks],
@@ -175,7 +177,8 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         self.exchange = LocalExchange() if comm is None else \
             DistributedExchange(comm, prefix, [s.channels for s in norm_specs],
                                 0 if probe is None else specs[reference].g_dim)
-        self.refresh_rule = policy.refresh.build(prefix, self.capture_control, self.blocks, self.exchange)
+        self.refresh_rule = policy.refresh.build(prefix, self.capture_control, self.blocks, self.counters,
+                                                 self.exchange)
         self.factor_faults = Parameter(Tensor(0, ms.int32), name=f"{prefix}.factor_faults", requires_grad=False)
         self.inverse_faults = Parameter(Tensor(0, ms.int32), name=f"{prefix}.inverse_faults", requires_grad=False)
         self.skipped_steps = Parameter(Tensor(0, ms.int32), name=f"{prefix}.skipped_steps", requires_grad=False)
@@ -195,6 +198,20 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         self._report_invisible = functools.partial(report_invisible, type(self).__name__,
                                                    tuple(s.name for s in specs), self.strict)
         self._log_layers(verbose)
+
+    def upgrade_checkpoint(self, param_dict):
+        """Convert a checkpoint written by mindspore_ngd 0.1 for ``mindspore.load_param_into_net``.
+
+        Such checkpoints hold each layer's update counts and flags as separate scalars
+        (``{prefix}.{layer}.A_updates``, ``.G_updates``, ``.has_inverse``, ``.demoted``, ``.F_updates``);
+        this optimizer stacks them per family (:mod:`mindspore_ngd.curvature.counters`). Returns a new
+        dict with the stacked entries; loading an old checkpoint without it leaves the counts at zero,
+        and ``load_param_into_net`` lists them as not loaded::
+
+            state = opt.upgrade_checkpoint(mindspore.load_checkpoint(path))
+            mindspore.load_param_into_net(train_step, state)
+        """
+        return self.counters.upgrade(param_dict)
 
     # ------------------------------------------------------------------ the step
     def construct(self, gradients):
@@ -217,7 +234,8 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         if probe is not None and not self.exchange.distributed:
             # every step, so that THOR's trace probes between folds see the current scale too
             scale = probe.scale_after(probe.probe(finite), gradients, finite, scale)
-        demoted_before = self._demoted_flags()
+        # an op reads the flags now: a Parameter used after its assign would read the new value
+        not_demoted_before = ops.logical_not(factors[1][2])
         if self.capture_control.any():
             factors, refreshed, changes, scale = self._folded(factors, finite, gradients, scale)
         self._store_factors(factors)
@@ -226,7 +244,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         # layers demoted this step are reported (warning, or error if strict) at the start of the next
         # step: a host call placed after the fold broke the reload of a checkpoint into the compiled
         # graph (measured, MindSpore 2.10); at the start of the step, like _watch's, it does not
-        ops.assign(self.demoted_unreported, ops.logical_and(self._demoted_flags(), ops.logical_not(demoted_before)))
+        ops.assign(self.demoted_unreported, ops.logical_and(factors[1][2], not_demoted_before))
 
         # refresh the inverses the rule says are due
         damping = self._damping(self.damping(self.global_step))          # read in the main graph
@@ -259,12 +277,6 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         ops.assign_add(self.global_step, self.global_step_increase_tensor)
         return success
 
-    def _demoted_flags(self):
-        flags = ()
-        for block in self.blocks:
-            flags += (block.demoted,)
-        return ops.stack(flags)
-
     @staticmethod
     def _all_layers(layers, every):
         out = ()
@@ -283,13 +295,17 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         return flags
 
     def _stored_factors(self):
-        """(per layer (A, G, A count, G count), factor fault count[, per BatchNorm layer (F, F count)])."""
+        """(per layer (A, G), (A counts, G counts, demoted flags), factor fault count[, per BatchNorm layer
+        F, F counts]); counts and flags are (layers,) / (BatchNorm layers,) vectors."""
         layers, norms = (), ()
         for block in self.blocks:
             layers += (block.factors(),)
+        state = (layers, self.counters.factor_counts(), self.factor_faults)
+        if not self.num_norms:
+            return state
         for block in self.norm_blocks:
             norms += (block.factors(),)
-        return (layers, self.factor_faults, norms) if self.num_norms else (layers, self.factor_faults)
+        return state + (norms, self.counters.f_updates)
 
     def _folded(self, state, finite, gradients, scale):
         """(new factor state, per-layer flag 'A or G of this layer was taken', relative changes, loss
@@ -331,66 +347,74 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
             g_batches, f_batches = unscaled, unscaled_f
         track = self.policy.refresh.track_changes
         zero = ops.zeros((), ms.float32)
-        folded, outcomes, demoted = (), (), ()
+        a_counts, g_counts, was_demoted = state[1]
+        demoted = ops.logical_or(was_demoted, ops.stack(unseen))
+        demoted_each, a_each, g_each = ops.unstack(demoted), ops.unstack(a_counts), ops.unstack(g_counts)
+        folded, outcomes = (), ()
         for k in range(self.num_layers):
             block = self.blocks[k]
-            was = state[0][k][4]
-            demoted += (ops.logical_or(was, unseen[k]),)
             if block.owned:
                 take_a, take_g = self.capture_control.layer_flags(k)
-                keep = ops.logical_and(ops.logical_not(demoted[k]), finite)
-                a, g, outcome = block.fold(state[0][k], a_batches[k], g_batches[k], ops.logical_and(take_a, keep),
-                                           ops.logical_and(take_g, keep), self.factor_decay, track)
+                keep = ops.logical_and(ops.logical_not(demoted_each[k]), finite)
+                a, g, outcome = block.fold(state[0][k], (a_each[k], g_each[k]), a_batches[k], g_batches[k],
+                                           ops.logical_and(take_a, keep), ops.logical_and(take_g, keep),
+                                           self.factor_decay, track)
             else:
                 a, g, outcome = state[0][k][0], state[0][k][1], (zero,) * (6 if track else 4)
             folded += ((a, g),)
             outcomes += (outcome,)
         # what each statistic's fold did, made identical on every rank (distributed: the owners' outcome)
         outcomes = self.exchange.agree(outcomes, token)
-        layers, refreshed, a_changes, g_changes = (), (), (), ()
-        faults = state[1]
+        refreshed, took_a, took_g, rejected, a_changes, g_changes = (), (), (), (), (), ()
         for k in range(self.num_layers):
-            counts, outcome = state[0][k], outcomes[k]
-            took_a, took_g = outcome[0] > 0.5, outcome[1] > 0.5
-            layers += ((folded[k][0], folded[k][1], counts[2] + ops.cast(took_a, ms.int32),
-                        counts[3] + ops.cast(took_g, ms.int32), demoted[k]),)
-            refreshed += (ops.logical_or(took_a, took_g),)
-            faults = faults + ops.cast(outcome[2] + outcome[3] + 0.5, ms.int32)
+            outcome = outcomes[k]
+            took_a += (outcome[0],)
+            took_g += (outcome[1],)
+            rejected += (outcome[2] + outcome[3],)
+            refreshed += (ops.logical_or(outcome[0] > 0.5, outcome[1] > 0.5),)
             if track:
                 a_changes += (outcome[4],)
                 g_changes += (outcome[5],)
+        counts = (a_counts + ops.cast(ops.stack(took_a) > 0.5, ms.int32),
+                  g_counts + ops.cast(ops.stack(took_g) > 0.5, ms.int32), demoted)
+        faults = state[2] + ops.cast(ops.stack(rejected).sum() + 0.5, ms.int32)
         changes = ops.stack(a_changes + g_changes) if track else -ops.ones((1,), ms.float32)
         if not self.num_norms:
-            return (layers, faults), refreshed, changes, scale
-        norms, norm_changes = (), ()
+            return (folded, counts, faults), refreshed, changes, scale
+        norms, norm_counts, norm_changes = (), (), ()
+        f_each = ops.unstack(state[4])
         for j in range(self.num_norms):
-            folded_norm, rejected, change = self.norm_blocks[j].fold(
-                state[2][j], f_batches[j], ops.logical_and(self.capture_control.norm_flag(j), finite),
+            fisher, count, bad, change = self.norm_blocks[j].fold(
+                state[3][j], f_each[j], f_batches[j], ops.logical_and(self.capture_control.norm_flag(j), finite),
                 self.factor_decay, track)
-            norms += (folded_norm,)
+            norms += (fisher,)
+            norm_counts += (count,)
             norm_changes += (change,)
-            faults = faults + rejected
+            faults = faults + bad
         if track:
             changes = ops.concat((changes, ops.stack(norm_changes)))
-        return (layers, faults, norms), refreshed, changes, scale
+        return (folded, counts, faults, norms, ops.stack(norm_counts)), refreshed, changes, scale
 
     def _store_factors(self, state):
         for k in range(self.num_layers):
             self.blocks[k].write_factors(state[0][k])
-        for j in range(self.num_norms):
-            self.norm_blocks[j].write_factors(state[2][j])
-        ops.assign(self.factor_faults, state[1])
+        self.counters.write_factor_counts(state[1])
+        ops.assign(self.factor_faults, state[2])
+        if self.num_norms:
+            for j in range(self.num_norms):
+                self.norm_blocks[j].write_factors(state[3][j])
+            self.counters.write_norm_counts(state[4])
 
     # ------------------------------------------------------------------ refresh
     def _stored_inverses(self):
-        """(per layer (A inverse, G inverse, has inverse), inverse fault count[, per-layer inversion
-        counts of this step when distributed])."""
+        """(per layer (A inverse, G inverse), has-inverse flags (layers,), inverse fault count[, per-layer
+        inversion counts of this step when distributed])."""
         layers = ()
         for block in self.blocks:
             layers += (block.inverses(),)
         if self.exchange.distributed:
-            return layers, self.inverse_faults, ops.zeros((self.num_layers,), ms.int32)
-        return layers, self.inverse_faults
+            return layers, self.counters.has_inverse, self.inverse_faults, ops.zeros((self.num_layers,), ms.int32)
+        return layers, self.counters.has_inverse, self.inverse_faults
 
     def _inverted(self, state, factors, damping, layers):
         """New inverse state: every owned layer that is ready (and selected by ``layers``) re-inverted.
@@ -398,38 +422,43 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         With a per-layer rule each layer's inversion is its own single-level run-time branch, so a
         step that refreshed one layer inverts only that layer (one branch dispatch per owned layer
         per step); otherwise the caller runs this under one branch for all layers."""
-        faults, new, counts = state[1], (), ()
+        ready = LayerCounters.ready(factors[1])
+        if layers is not None:
+            ready = ops.logical_and(ready, ops.stack(layers))
+        ready, trusted = ops.unstack(ready), ops.unstack(state[1])
+        faults, new, taken, counts = state[2], (), (), ()
         for k in range(self.num_layers):
             block = self.blocks[k]
-            a_inv, g_inv, has = state[0][k]
-            inverted = ops.zeros((), ms.int32)
+            a_inv, g_inv = state[0][k]
+            take, inverted = ops.zeros((), ms.bool_), ops.zeros((), ms.int32)
             if block.owned:
-                ready = block.ready(factors[0][k])
-                if layers is not None:
-                    ready = ops.logical_and(ready, layers[k])
                 if self.refresh_rule.per_layer:
-                    take, fault = ops.zeros((), ms.bool_), ops.zeros((), ms.int32)
-                    if ready:
-                        a_inv, g_inv, take, fault = block.refreshed(factors[0][k], ready, damping, (a_inv, g_inv, has))
-                    inverted = ops.cast(ready, ms.int32)
+                    fault = ops.zeros((), ms.int32)
+                    if ready[k]:
+                        a_inv, g_inv, take, fault = block.refreshed(factors[0][k], ready[k], damping, (a_inv, g_inv),
+                                                                    trusted[k])
+                    inverted = ops.cast(ready[k], ms.int32)
                 else:
-                    a_inv, g_inv, take, fault = block.refreshed(factors[0][k], ready, damping, (a_inv, g_inv, has))
+                    a_inv, g_inv, take, fault = block.refreshed(factors[0][k], ready[k], damping, (a_inv, g_inv),
+                                                                trusted[k])
                     inverted = ops.ones((), ms.int32)
-                has = ops.logical_or(has, take)
                 faults = faults + fault
-            new += ((a_inv, g_inv, has),)
+            new += ((a_inv, g_inv),)
+            taken += (take,)
             counts += (inverted,)
+        has = ops.logical_or(state[1], ops.stack(taken))
         if self.exchange.distributed:
-            return new, faults, ops.stack(counts)
-        return new, faults
+            return new, has, faults, ops.stack(counts)
+        return new, has, faults
 
     def _store_inverses(self, state, due):
         for k in range(self.num_layers):
             self.blocks[k].write_inverses(state[0][k])
-        ops.assign(self.inverse_faults, state[1])
+        self.counters.write_has_inverse(state[1])
+        ops.assign(self.inverse_faults, state[2])
         ops.assign_add(self.inverse_refreshes, ops.cast(due, ms.int32))
         if self.exchange.distributed:
-            self.exchange.count_inversions(state[2])
+            self.exchange.count_inversions(state[3])
 
     # ------------------------------------------------------------------ precondition and update
     def _preconditioned(self, gradients, lr, inverses, factors):
@@ -442,28 +471,36 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
             block = self.blocks[k]
             if block.owned:
                 own += (block.precondition(inverses[0][k], block.gradient(gradients)),)
-        matrices = self.exchange.gather(own, factors[1])
+        matrices = self.exchange.gather(own, factors[2])
         # a demoted layer's update is the plain one: outside the KL budget and never rescaled
-        dots, zero, one = (), ops.zeros((), ms.float32), ops.ones((), ms.float32)
+        demoted = factors[1][2]
+        dots, norm_dots = (), ()
         for k in range(self.num_layers):
-            dot = (matrices[k] * self.blocks[k].gradient(gradients)).sum()
-            dots += (ops.select(factors[0][k][4], zero, dot),)
+            dots += ((matrices[k] * self.blocks[k].gradient(gradients)).sum(),)
         pairs = ()
-        for j in range(self.num_norms):
-            block = self.norm_blocks[j]
-            grads = block.gradients(gradients)
-            pair = block.precondition(factors[2][j], grads, self.policy.batchnorm_damping)
-            pairs += (pair,)
-            dots += ((pair[0] * grads[0]).sum() + (pair[1] * grads[1]).sum(),)
+        if self.num_norms:
+            known = ops.unstack(factors[4] > 0)
+            for j in range(self.num_norms):
+                block = self.norm_blocks[j]
+                grads = block.gradients(gradients)
+                pair = block.precondition(factors[3][j], known[j], grads, self.policy.batchnorm_damping)
+                pairs += (pair,)
+                norm_dots += ((pair[0] * grads[0]).sum() + (pair[1] * grads[1]).sum(),)
         if self.policy.kl_clip is None:
             return matrices, pairs
-        vg = self._group_vg(matrices, pairs, gradients, lr) if self.is_group_lr else ops.addn(dots) * lr * lr
+        if self.is_group_lr:
+            vg = self._group_vg(matrices, pairs, gradients, lr)
+        else:
+            kept = ops.unstack(ops.select(demoted, ops.zeros((self.num_layers,), ms.float32), ops.stack(dots)))
+            vg = ops.addn(kept + norm_dots) * lr * lr
         usable = ops.logical_and(vg > 0, ops.isfinite(vg))
         nu = ops.minimum(ops.sqrt(self.policy.kl_clip / ops.select(usable, vg, ops.ones_like(vg))), 1.0)
         nu = ops.select(usable, nu, ops.ones_like(nu))
+        factor = ops.unstack(ops.select(demoted, ops.ones((self.num_layers,), ms.float32),
+                                        ops.broadcast_to(nu, (self.num_layers,))))
         scaled, scaled_pairs = (), ()
         for k in range(self.num_layers):
-            scaled += (matrices[k] * ops.select(factors[0][k][4], one, nu),)
+            scaled += (matrices[k] * factor[k],)
         for pair in pairs:
             scaled_pairs += ((pair[0] * nu, pair[1] * nu),)
         return scaled, scaled_pairs

@@ -106,7 +106,12 @@ class Inspection:
     def demoted_layers(self):
         """Names of the preconditioned layers demoted to the plain update because a capture step found
         them invisible (their construct never ran, or their output never reached the loss)."""
-        return [b.spec.name for b in self.blocks if bool(b.demoted.asnumpy())]
+        return [name for name, state in self.counters.per_layer().items() if state["demoted"]]
+
+    def factor_updates(self):
+        """``{layer_name: (A updates, G updates)}``: how many batches each layer's factors have taken, as
+        Python ints (distributed: the same on every rank, also for layers the rank does not own)."""
+        return {name: (state["A_updates"], state["G_updates"]) for name, state in self.counters.per_layer().items()}
 
 
 def report_invisible(owner, names, strict, flags):

@@ -111,7 +111,7 @@ class FixedInterval:
         return [(step, bool(interval_due(step, self.factor_interval)),
                  bool(interval_due(step, self.inverse_interval))) for step in range(total_steps)]
 
-    def build(self, prefix, control, blocks, exchange):
+    def build(self, prefix, control, blocks, counters, exchange):
         return _FixedIntervalCell(self, control)
 
 
@@ -155,7 +155,7 @@ class StaleIntervals:
             index += 1
         return plan
 
-    def build(self, prefix, control, blocks, exchange):
+    def build(self, prefix, control, blocks, counters, exchange):
         return _StaleCell(self, prefix, control)
 
 
@@ -196,8 +196,8 @@ class GrowingInterval:
             interval = grown_interval(interval, self.growth, self.max_frequency)
         return steps
 
-    def build(self, prefix, control, blocks, exchange):
-        return _GrowingCell(self, prefix, control, blocks, exchange)
+    def build(self, prefix, control, blocks, counters, exchange):
+        return _GrowingCell(self, prefix, control, blocks, counters, exchange)
 
 
 # ------------------------------------------------------------------ graph side
@@ -275,12 +275,13 @@ class _StaleCell(_RuleCell):
 
 
 class _GrowingCell(_RuleCell):
-    def __init__(self, rule, prefix, control, blocks, exchange):
+    def __init__(self, rule, prefix, control, blocks, counters, exchange):
         super().__init__(rule, control)
         self.growth = rule.growth
         self.max_frequency = rule.max_frequency
         self.trace_threshold = rule.trace_threshold
         self.blocks = blocks
+        self.layer_counters = counters
         self.exchange = exchange
         self.interval = Parameter(Tensor(np.int32(rule.frequency)), name=f"{prefix}.interval", requires_grad=False)
         self.next_refresh = Parameter(Tensor(np.int32(0)), name=f"{prefix}.next_refresh", requires_grad=False)
@@ -314,14 +315,14 @@ class _GrowingCell(_RuleCell):
         that every rank takes the same decision."""
         layers = len(self.blocks)
         zero = ops.zeros((), ms.float32)
-        batch, stored, updates = (), (), ()
+        batch, stored = (), ()
+        updates = ops.unstack(ops.concat((self.layer_counters.a_updates, self.layer_counters.g_updates)))
         for which in range(2):
             for k in range(layers):
                 block = self.blocks[k]
                 trace = ops.depend(block.batch_trace(which), token)
                 batch += (trace * self.control.g_correction() if which else trace,)
                 stored += (ops.trace(block.factor(which)) if block.owned else zero,)
-                updates += (block.updates(which),)
         total = self.exchange.share_traces(ops.stack(batch + stored))
         moved = ()
         for i in range(2 * layers):

@@ -92,8 +92,7 @@ def run_case(name, rank=0, world=1):
     out = {"weights": {p.name: p.asnumpy().copy() for p in net.trainable_params()},
            "counters": opt.state_counters(), "owned": list(opt.owned_layers),
            "factors": {k: [a.copy(), g.copy()] for k, (a, g) in opt.kronecker_factors().items()},
-           "updates": [[int(opt.blocks[k].a_updates.asnumpy()), int(opt.blocks[k].g_updates.asnumpy())]
-                       for k in range(opt.num_layers)]}
+           "updates": [list(opt.factor_updates()[s.name]) for s in opt.layer_specs]}
     if opt.policy.refresh.per_statistic:
         out["refresh"] = {k: list(v) for k, v in opt.refresh_state().items()}
     if opt.parallel_plan is not None:
