@@ -10,9 +10,16 @@ step) parks and restores them through :attr:`flags` after :meth:`claim`.
 
 Statistic order, used by every vector over statistics: A of every layer, then G of every layer,
 then F of every BatchNorm layer.
+
+Whether a step captures anything is kept in one more flag, ``{prefix}.capturing``, written with the
+others, so that the optimizer's fold branch reads one Parameter instead of all the flags: MindSpore
+2.10 copies (``TensorMove``) every read of a Parameter that one graph reads more than once, and the
+capture in the network already reads each flag (profile in ``docs/performance.md``).
 """
+import numpy as np
+
 import mindspore as ms
-from mindspore import nn, ops, ParameterTuple
+from mindspore import nn, ops, Parameter, ParameterTuple, Tensor
 
 __all__ = ["CaptureControl"]
 
@@ -25,11 +32,15 @@ class CaptureControl(nn.Cell):
         norm_captures: the ``NormCapture`` cells of the unit-wise BatchNorm layers.
         scale_probe (LossScaleProbe): measures the loss scale of each step; None when no layer can
             (no bias) or the capture is driven by a Monte-Carlo step with its own scale.
+        prefix (str): the optimizer's Parameter prefix (of ``{prefix}.capturing``).
     """
 
-    def __init__(self, layer_captures, norm_captures, scale_probe=None):
+    def __init__(self, layer_captures, norm_captures, scale_probe=None, prefix="ngd"):
         super().__init__(auto_prefix=False)
         self.scale_probe = scale_probe
+        self.prefix = prefix
+        # every capture flag starts set (the first step captures everything)
+        self.capturing = Parameter(Tensor(True), name=f"{prefix}.capturing", requires_grad=False)
         layer_captures, norm_captures = list(layer_captures), list(norm_captures)
         self.flags = ParameterTuple([c.capture_a for c in layer_captures] + [c.capture_g for c in layer_captures]
                                     + [c.capture_f for c in norm_captures])
@@ -49,12 +60,9 @@ class CaptureControl(nn.Cell):
         self.driver = driver
 
     def any(self, token=None):
-        """Whether any statistic is captured (one Stack + ReduceAny, not a chain of ORs); with
-        ``token``, the flags are read after it (e.g. the flags the rule set for the next step)."""
-        flags = ()
-        for flag in self.flags:
-            flags += (flag if token is None else ops.depend(flag, token),)
-        return ops.stack(flags).any()
+        """Whether any statistic is captured (the ``capturing`` flag, kept with the others); with
+        ``token``, read after it (e.g. the flags the rule set for the next step)."""
+        return self.capturing if token is None else ops.depend(self.capturing, token)
 
     def g_correction(self):
         """Factor that unscales a batch trace of G captured between folds (the last measured scale)."""
@@ -73,11 +81,25 @@ class CaptureControl(nn.Cell):
         """Capture every statistic next step, or none (a bool scalar)."""
         for flag in self.flags:
             ops.assign(flag, due)
+        ops.assign(self.capturing, due)
 
     def set_each(self, due):
         """Per-statistic flags for the next step: a bool vector or tuple in statistic order."""
         for i in range(self.statistics):
             ops.assign(self.flags[i], due[i])
+        ops.assign(self.capturing, (ops.stack(due) if isinstance(due, tuple) else due).any())
+
+    def upgrade(self, param_dict):
+        """``param_dict`` with ``{prefix}.capturing`` added when a checkpoint written before it existed
+        has the capture flags (it is their OR); otherwise ``param_dict`` itself."""
+        name = f"{self.prefix}.capturing"
+        keys = [flag.name for flag in self.flags]
+        if name in param_dict or not all(key in param_dict for key in keys):
+            return param_dict
+        out = dict(param_dict)
+        value = np.array(any(bool(out[key].asnumpy()) for key in keys))
+        out[name] = Parameter(Tensor(value), name=name, requires_grad=False)
+        return out
 
     def park(self, saved, token):
         """Monte-Carlo step: store the flags in the bool vector Parameter ``saved`` (after ``token``)

@@ -171,7 +171,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         probe = None if reference is None else LossScaleProbe(self.blocks[reference].capture,
                                                                self.blocks[reference].bias_index, loss_scale, prefix)
         self.capture_control = CaptureControl([b.capture for b in self.blocks], [b.capture for b in self.norm_blocks],
-                                              probe)
+                                              probe, prefix)
         self.communicator = comm
         self.parallel_plan = None if comm is None else comm.plan
         self.exchange = LocalExchange() if comm is None else \
@@ -204,14 +204,17 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
 
         Such checkpoints hold each layer's update counts and flags as separate scalars
         (``{prefix}.{layer}.A_updates``, ``.G_updates``, ``.has_inverse``, ``.demoted``, ``.F_updates``);
-        this optimizer stacks them per family (:mod:`mindspore_ngd.curvature.counters`). Returns a new
-        dict with the stacked entries; loading an old checkpoint without it leaves the counts at zero,
-        and ``load_param_into_net`` lists them as not loaded::
+        this optimizer stacks them per family (:mod:`mindspore_ngd.curvature.counters`), and keeps
+        whether the next step captures anything in ``{prefix}.capturing``
+        (:class:`~mindspore_ngd.capture.CaptureControl`) and, with adaptive damping, the momentum
+        buffers concatenated in ``{prefix}.damping.moments`` (:mod:`mindspore_ngd.optim.guard`). Returns a new dict with these entries;
+        loading an old checkpoint without it leaves the counts at zero, and ``load_param_into_net``
+        lists them as not loaded::
 
             state = opt.upgrade_checkpoint(mindspore.load_checkpoint(path))
             mindspore.load_param_into_net(train_step, state)
         """
-        return self.counters.upgrade(param_dict)
+        return self._upgrade_guard(self.capture_control.upgrade(self.counters.upgrade(param_dict)))
 
     # ------------------------------------------------------------------ the step
     def construct(self, gradients):
@@ -224,7 +227,8 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         step = self.global_step.reshape(())
         flat = self._flat(gradients)
         finite = self._watch(gradients, ops.isfinite(flat).all(), step, self.demoted_unreported)
-        finite = ops.depend(finite, self._adapt(gradients, flat, finite))
+        token, boost = self._adapt(gradients, flat, finite)
+        finite = ops.depend(finite, token)
 
         # fold the statistics captured in this step's forward/backward pass (one run-time branch)
         factors = self._stored_factors()
@@ -247,13 +251,13 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         ops.assign(self.demoted_unreported, ops.logical_and(factors[1][2], not_demoted_before))
 
         # refresh the inverses the rule says are due
-        damping = self._damping(self.damping(self.global_step))          # read in the main graph
+        damping = self._damping(self.damping(self.global_step), boost)    # read in the main graph
         if self.policy.damping_floor > 0:
             damping = ops.maximum(damping, self.policy.damping_floor)
         due = self.refresh_rule.inverse_due(step, refreshed)
         layers = self.refresh_rule.inverse_layers(step, refreshed)
+        redamp, inverted_boost = self._reinvert(boost)
         if self.policy.adaptive_damping:                  # the damping moved: refresh every inverse now
-            redamp = self._reinvert()
             due = ops.logical_or(due, redamp)
             if layers is not None:
                 layers = self._all_layers(layers, redamp)
@@ -263,7 +267,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         elif due:
             inverses = self._inverted(inverses, factors, damping, layers)
         self._store_inverses(inverses, due)
-        self._inverted_at(due)
+        self._inverted_at(due, boost, inverted_boost)
 
         # precondition, gather and rescale; then update every parameter
         preconditioned = self._preconditioned(gradients, lr, inverses, factors)
@@ -272,8 +276,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
 
         # plan the next step: the rule reads statistics written late in the backward pass (THOR's
         # traces) and, distributed, may hold a collective that must follow the gather
-        step = self.refresh_rule.after_step(ops.depend(step, success), refreshed, changes)
-        self.refresh_rule.capture_next(step + 1)
+        self.refresh_rule.plan_next(ops.depend(step, success), refreshed, changes)
         ops.assign_add(self.global_step, self.global_step_increase_tensor)
         return success
 

@@ -16,8 +16,12 @@ so against the first-order prediction ``g_t' delta_t`` the reduction ratio is
 
 ``rho = 1``: the gradient along the step did not change (the step could be longer); ``rho = 1/2``:
 the step ended at the minimum along its direction; ``rho = 0``: it overshot to a point as high as
-the start; ``rho < 0``: the loss rose. ``delta_t = -lr_t v_{t+1}`` is read from the momentum
-buffers, so the rule stores two scalars, not a copy of the weights. ``g_{t+1}`` comes from a new
+the start; ``rho < 0``: the loss rose. ``delta_t = -lr_t v_{t+1}`` comes from the momentum buffers:
+after each update the rule keeps them concatenated in one float32 vector (``damping.moments``, one
+value per weight), so that the next step reads one Parameter instead of every buffer a second time
+(MindSpore 2.10 copies every read of a Parameter that a graph reads twice: two copies of every
+buffer per step, measured). With parameter groups (one learning rate per parameter) it reads the
+buffers instead and keeps no copy. ``g_{t+1}`` comes from a new
 mini-batch, so the numerator and denominator are exponential averages (``ratio_decay``) before the
 ratio is taken, and only steps whose two gradients are finite and whose step descends
 (``g_t' delta_t < 0``) enter them.
@@ -99,6 +103,24 @@ class Guard:
         self.ratio_num = scalar(0.0, "damping.ratio_num")
         self.ratio_den = scalar(0.0, "damping.ratio_den")
         self.nonfinite_run = scalar(0, "nonfinite_run", np.int32)
+        # v_{t+1}, concatenated after the update of step t (see the module docstring)
+        self.kept_moments = None
+        if self.adaptive_damping and not self.is_group_lr:
+            size = sum(int(np.prod(p.shape)) for p in self._parameters)
+            self.kept_moments = scalar(np.zeros(size), "damping.moments")
+
+    def _upgrade_guard(self, param_dict):
+        """``param_dict`` with ``damping.moments`` added (the momentum buffers it holds, concatenated)
+        when a checkpoint written before it existed has the buffers; otherwise ``param_dict`` itself."""
+        if self.kept_moments is None or self.kept_moments.name in param_dict:
+            return param_dict
+        keys = [moment.name for moment in self.moments]
+        if not all(key in param_dict for key in keys):
+            return param_dict
+        out = dict(param_dict)
+        flat = np.concatenate([np.asarray(out[key].asnumpy(), np.float32).reshape(-1) for key in keys])
+        out[self.kept_moments.name] = Parameter(Tensor(flat), name=self.kept_moments.name, requires_grad=False)
+        return out
 
     # ------------------------------------------------------------------ before the update
     def _watch(self, gradients, finite, step, demoted):
@@ -117,30 +139,39 @@ class Guard:
                     "Raise the damping, enable kl_clip (e.g. kl_clip=1e-3) or lower the learning rate.")
         return finite
 
-    def _damping(self, schedule_value):
+    # Each multiplier is read once per step and passed on (a Parameter read twice in one graph is
+    # copied at every read, MindSpore 2.10): ``boost`` is the value _adapt wrote, ``inverted`` the
+    # value _reinvert read.
+    def _damping(self, schedule_value, boost):
         """The damping of this step: the user's value (its floor) times the adaptive multiplier."""
         if not self.adaptive_damping:
             return schedule_value
-        return schedule_value * self.damping_boost
+        return schedule_value * boost
 
-    def _reinvert(self):
-        """Whether the multiplier moved by more than 2x since the inverses were computed."""
+    def _reinvert(self, boost):
+        """(whether the multiplier moved by more than 2x since the inverses were computed, the
+        multiplier they were computed with)."""
         if not self.adaptive_damping:
-            return ops.zeros((), ms.bool_)
-        ratio = self.damping_boost / self.boost_inverted
-        return ops.logical_or(ratio > REINVERT_RATIO, ratio < 1.0 / REINVERT_RATIO)
+            return ops.zeros((), ms.bool_), None
+        inverted = self.boost_inverted * 1.0
+        ratio = boost / inverted
+        return ops.logical_or(ratio > REINVERT_RATIO, ratio < 1.0 / REINVERT_RATIO), inverted
 
-    def _inverted_at(self, due):
+    def _inverted_at(self, due, boost, inverted):
         if self.adaptive_damping:
-            ops.assign(self.boost_inverted, ops.select(due, self.damping_boost, self.boost_inverted))
+            ops.assign(self.boost_inverted, ops.select(due, boost, inverted))
 
     def _adapt(self, gradients, flat, finite):
-        """Fold ``g_{t+1}' delta_t`` into the reduction ratio and adapt the multiplier; call before the
+        """Fold ``g_{t+1}' delta_t`` into the reduction ratio and adapt the multiplier: returns (a token
+        for ordering, the multiplier of this step; None without adaptive damping). Call before the
         momentum update (the buffers still hold ``v_{t+1}`` of the previous step). ``flat`` is the
         gradients concatenated as float32 (shared with the finiteness check)."""
         if not self.adaptive_damping:
-            return finite
-        slope_next = -self._weighted_dot(gradients, flat, self.step_lr, finite)     # g_{t+1}' delta_t
+            return finite, None
+        if self.is_group_lr:
+            slope_next = -self._weighted_dot(gradients, flat, self.step_lr, finite)     # g_{t+1}' delta_t
+        else:
+            slope_next = -(flat * self.kept_moments).sum() * self.step_lr[0]
         slope = self.step_slope
         usable = ops.logical_and(ops.logical_and(finite, slope < 0), ops.isfinite(slope_next))
         decay = self.ratio_decay
@@ -154,8 +185,9 @@ class Guard:
         factor = ops.select(rho < 0.25, overshoot,
                             ops.select(rho > 0.75, ops.fill(ms.float32, (), 1.0 / BOOST_DOWN), ops.ones((), ms.float32)))
         factor = ops.select(ops.logical_and(usable, den < 0), factor, ops.ones((), ms.float32))
-        ops.assign(self.damping_boost, ops.clip_by_value(boost * factor, 1.0, self.max_boost))
-        return usable
+        boost = ops.clip_by_value(boost * factor, 1.0, self.max_boost)
+        ops.assign(self.damping_boost, boost)
+        return usable, boost
 
     # ------------------------------------------------------------------ after the update
     def _remember_step(self, gradients, flat, lr, finite, token):
@@ -176,13 +208,15 @@ class Guard:
     def _weighted_dot(self, gradients, flat, rates, token):
         """``sum_i rates_i <g_i, v_i>`` over the parameters, the momentum buffers ``v`` read after
         ``token``. With one learning rate for all parameters it is one dot product of the concatenated
-        vectors (two kernels, whatever the number of parameters); with parameter groups one per
-        parameter."""
+        vectors (a few kernels, whatever the number of parameters), and the concatenation is kept for
+        the next step; with parameter groups one per parameter."""
         if not self.is_group_lr:
             moments = ()
             for moment in self.moments:
                 moments += (ops.cast(ops.depend(moment, token), ms.float32).reshape(-1),)
-            return (flat * ops.concat(moments)).sum() * rates[0]
+            moments = ops.concat(moments)
+            ops.assign(self.kept_moments, moments)
+            return (flat * moments).sum() * rates[0]
         dots = ()
         for i in range(self.num_params):
             moment = ops.depend(self.moments[i], token)

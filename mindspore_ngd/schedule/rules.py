@@ -10,9 +10,11 @@ Every rule cell offers the same four decisions to the engine:
 
 * ``inverse_due(step, refreshed)``: a bool scalar, "recompute inverses this step";
 * ``inverse_layers(step, refreshed)``: per-layer bool flags of the layers to re-invert, or None (all);
-* ``after_step(step, refreshed, changes)``: update the rule's state from what this step folded;
-* ``capture_next(next_step)``: which statistics the next step captures, written through the
-  optimizer's :class:`mindspore_ngd.capture.CaptureControl` (the only writer of the capture flags).
+* ``plan_next(step, refreshed, changes)``: update the rule's state from what this step folded, and set
+  which statistics the next step captures, written through the optimizer's
+  :class:`mindspore_ngd.capture.CaptureControl` (the only writer of the capture flags). One method,
+  so that the capture decision uses the state just computed instead of reading its Parameter a
+  second time (MindSpore 2.10 copies every read of a Parameter that a graph reads twice).
 
 ``per_layer`` rules invert layer by layer, each layer in its own single-level run-time branch, so a
 step that refreshed one layer's statistics inverts only that layer; the others invert every layer
@@ -202,7 +204,7 @@ class GrowingInterval:
 
 # ------------------------------------------------------------------ graph side
 class _RuleCell(nn.Cell):
-    """Defaults: re-invert every layer when due; nothing to update after a step."""
+    """Defaults: re-invert every layer when due."""
 
     def __init__(self, rule, control):
         super().__init__(auto_prefix=False)
@@ -214,9 +216,6 @@ class _RuleCell(nn.Cell):
 
     def inverse_due(self, step, refreshed):
         return ops.stack(refreshed).any()
-
-    def after_step(self, step, refreshed, changes):
-        return step
 
     def counters(self):
         return {}
@@ -234,8 +233,8 @@ class _FixedIntervalCell(_RuleCell):
     def inverse_due(self, step, refreshed):
         return interval_due(step, self.inverse_interval)
 
-    def capture_next(self, next_step):
-        self.control.set_all(interval_due(next_step, self.factor_interval))
+    def plan_next(self, step, refreshed, changes):
+        self.control.set_all(interval_due(step + 1, self.factor_interval))
 
 
 class _StaleCell(_RuleCell):
@@ -250,21 +249,17 @@ class _StaleCell(_RuleCell):
                                       requires_grad=False)
         self.refreshes = Parameter(Tensor(np.zeros(count, np.int32)), name=f"{prefix}.refreshes", requires_grad=False)
 
-    def capture_next(self, next_step):
-        if self.adaptive:
-            self.control.set_each(self.next_refresh <= next_step)
-        else:
-            self.control.set_all(ops.ones((), ms.bool_))
-
-    def after_step(self, step, refreshed, changes):
+    def plan_next(self, step, refreshed, changes):
         if not self.adaptive:
             ops.assign_add(self.refreshes, ops.ones_like(self.refreshes))
-            return step
+            self.control.set_all(ops.ones((), ms.bool_))
+            return
         intervals, taken = stale_intervals(self.intervals, changes, self.threshold, self.max_interval)
+        upcoming = ops.select(taken, step + intervals, self.next_refresh)
         ops.assign(self.intervals, intervals)
-        ops.assign(self.next_refresh, ops.select(taken, step + intervals, self.next_refresh))
+        ops.assign(self.next_refresh, upcoming)
         ops.assign_add(self.refreshes, ops.cast(taken, ms.int32))
-        return step
+        self.control.set_each(upcoming <= step + 1)
 
     def refresh_state(self, names):
         intervals, upcoming, counts = self.intervals.asnumpy(), self.next_refresh.asnumpy(), self.refreshes.asnumpy()
@@ -288,8 +283,17 @@ class _GrowingCell(_RuleCell):
         self.layer_refreshes = Parameter(Tensor(np.zeros(len(blocks), np.int32)), name=f"{prefix}.layer_refreshes",
                                          requires_grad=False)
 
-    def capture_next(self, next_step):
-        due = next_step >= self.next_refresh
+    def plan_next(self, step, refreshed, changes):
+        current = self.next_refresh
+        captured = step >= current
+        interval = self.interval
+        upcoming = ops.select(captured, step + interval, current)
+        ops.assign(self.next_refresh, upcoming)
+        ops.assign(self.interval, ops.select(captured, grown_interval(interval, self.growth, self.max_frequency),
+                                             interval))
+        ops.assign_add(self.layer_refreshes, ops.cast(ops.stack(refreshed), ms.int32))
+        next_step = step + 1
+        due = next_step >= upcoming
         if self.trace_threshold is None:
             self.control.set_all(due)
             return
@@ -330,15 +334,6 @@ class _GrowingCell(_RuleCell):
                                      total[2 * layers + i] / self.exchange.grad_workers)
             moved += (ops.logical_or(updates[i] == 0, change > self.trace_threshold),)
         return moved
-
-    def after_step(self, step, refreshed, changes):
-        captured = step >= self.next_refresh
-        interval = self.interval
-        ops.assign(self.next_refresh, ops.select(captured, step + interval, self.next_refresh))
-        ops.assign(self.interval, ops.select(captured, grown_interval(interval, self.growth, self.max_frequency),
-                                             interval))
-        ops.assign_add(self.layer_refreshes, ops.cast(ops.stack(refreshed), ms.int32))
-        return step
 
     def counters(self):
         return {"interval": int(self.interval.asnumpy()), "next_refresh": int(self.next_refresh.asnumpy()),

@@ -80,3 +80,36 @@ def test_optimizer_reports_its_counts_per_layer():
     keys = {p.name for p in opt.get_parameters()}
     assert {"spngd.A_updates", "spngd.G_updates", "spngd.has_inverse", "spngd.demoted", "spngd.F_updates"} <= keys
     assert not [k for k in keys if k.endswith(("_updates", ".has_inverse", ".demoted")) and k.count(".") > 1]
+
+
+def test_optimizer_upgrade_adds_the_capture_summary_and_the_kept_moments():
+    """A 0.1 checkpoint lacks ``{prefix}.capturing`` (the OR of the capture flags) and
+    ``{prefix}.damping.moments`` (the momentum buffers, concatenated in parameter order)."""
+    opt = ngd.KFAC(BNNet(), learning_rate=0.1, verbose=False)
+    rng = np.random.default_rng(1)
+    old = {}
+    for p in opt.get_parameters():
+        if p.name in ("kfac.capturing", "kfac.damping.moments") or p.name.endswith(tuple(
+                f"kfac.{family}" for family in ("A_updates", "G_updates", "has_inverse", "demoted"))):
+            continue
+        value = p.asnumpy()
+        if value.dtype == np.bool_:
+            value = np.zeros_like(value)
+        elif ".moments." in p.name:
+            value = rng.standard_normal(value.shape).astype(value.dtype)
+        old[p.name] = Parameter(Tensor(value), name=p.name)
+    for name in [s.name for s in opt.layer_specs]:
+        for family, dtype in (("A_updates", np.int32), ("G_updates", np.int32), ("has_inverse", np.bool_)):
+            old[f"kfac.{name}.{family}"] = Parameter(Tensor(np.array(1, dtype)), name=f"kfac.{name}.{family}")
+    flag = opt.layer_specs[-1].name + ".capture_g"
+    new = opt.upgrade_checkpoint(old)
+    assert not bool(new["kfac.capturing"].asnumpy())                       # every flag off
+    old[f"kfac.{flag}"] = Parameter(Tensor(np.array(True)), name=f"kfac.{flag}")
+    new = opt.upgrade_checkpoint(old)
+    assert bool(new["kfac.capturing"].asnumpy())                           # one flag on
+    moments = np.concatenate([old[m.name].asnumpy().reshape(-1) for m in opt.moments])
+    np.testing.assert_array_equal(new["kfac.damping.moments"].asnumpy(), moments)
+    np.testing.assert_array_equal(new["kfac.A_updates"].asnumpy(), np.ones(len(opt.layer_specs), np.int32))
+    assert "kfac.demoted" not in new                                       # not in that checkpoint: kept as is
+    fixed = ngd.KFAC(BNNet(), learning_rate=0.1, adaptive_damping=False, verbose=False)
+    assert "kfac.damping.moments" not in fixed.upgrade_checkpoint(old)     # no copy without adaptive damping
