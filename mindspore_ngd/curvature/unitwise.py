@@ -2,8 +2,8 @@
 
 Each channel c is a unit with its own 2x2 Fisher of (gamma_c, beta_c), stored as the three distinct
 entries per channel in a (C, 3) Parameter ``{prefix}.{layer}.F``; its update count is stacked with
-the other BatchNorm layers' in :class:`~mindspore_ngd.curvature.counters.LayerCounters`. The capture cell probes the per-example gradients inside the network (see
-:class:`mindspore_ngd.capture.NormCapture`). The natural gradient is the closed-form
+the other BatchNorm layers' in :class:`~mindspore_ngd.curvature.counters.LayerCounters`. The capture
+cell probes the per-example gradients inside the network (see :class:`mindspore_ngd.capture.NormCapture`). The natural gradient is the closed-form
 ``(F_c + damping I)^-1 [g_gamma, g_beta]``.
 """
 import numpy as np

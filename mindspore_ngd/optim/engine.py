@@ -207,9 +207,9 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         this optimizer stacks them per family (:mod:`mindspore_ngd.curvature.counters`), and keeps
         whether the next step captures anything in ``{prefix}.capturing``
         (:class:`~mindspore_ngd.capture.CaptureControl`) and, with adaptive damping, the momentum
-        buffers concatenated in ``{prefix}.damping.moments`` (:mod:`mindspore_ngd.optim.guard`). Returns a new dict with these entries;
-        loading an old checkpoint without it leaves the counts at zero, and ``load_param_into_net``
-        lists them as not loaded::
+        buffers concatenated in ``{prefix}.damping.moments`` (:mod:`mindspore_ngd.optim.guard`).
+        Returns a new dict with these entries; loading an old checkpoint without it leaves the counts
+        at zero, and ``load_param_into_net`` lists them as not loaded::
 
             state = opt.upgrade_checkpoint(mindspore.load_checkpoint(path))
             mindspore.load_param_into_net(train_step, state)
