@@ -23,9 +23,11 @@ from mindspore import nn, ops, Parameter, Tensor
 
 __all__ = ["LayerCounters"]
 
-# family (also the per-layer key suffix of the checkpoints written before stacking) -> NumPy dtype
-_LAYER_FAMILIES = {"A_updates": np.int32, "G_updates": np.int32, "has_inverse": np.bool_, "demoted": np.bool_}
-_NORM_FAMILIES = {"F_updates": np.int32}
+# (family: the Parameter's name suffix, also the per-layer key suffix of the checkpoints written
+# before stacking; attribute; NumPy dtype)
+_LAYER_FAMILIES = (("A_updates", "a_updates", np.int32), ("G_updates", "g_updates", np.int32),
+                   ("has_inverse", "has_inverse", np.bool_), ("demoted", "demoted", np.bool_))
+_NORM_FAMILIES = (("F_updates", "f_updates", np.int32),)
 
 
 class LayerCounters(nn.Cell):
@@ -44,14 +46,11 @@ class LayerCounters(nn.Cell):
         if not self.layers:
             raise ValueError("LayerCounters needs at least one layer")
 
-        def vector(family, dtype, count):
-            return Parameter(Tensor(np.zeros(count, dtype)), name=f"{prefix}.{family}", requires_grad=False)
-
-        self.a_updates = vector("A_updates", np.int32, len(self.layers))
-        self.g_updates = vector("G_updates", np.int32, len(self.layers))
-        self.has_inverse = vector("has_inverse", np.bool_, len(self.layers))
-        self.demoted = vector("demoted", np.bool_, len(self.layers))
-        self.f_updates = vector("F_updates", np.int32, len(self.norms)) if self.norms else None
+        self.f_updates = None                    # no BatchNorm family without unit-wise BatchNorm layers
+        for names, families in ((self.layers, _LAYER_FAMILIES), (self.norms, _NORM_FAMILIES)):
+            for family, attr, dtype in families if names else ():
+                setattr(self, attr, Parameter(Tensor(np.zeros(len(names), dtype)), name=f"{prefix}.{family}",
+                                              requires_grad=False))
 
     # ------------------------------------------------------------------ graph side
     def factor_counts(self):
@@ -78,9 +77,7 @@ class LayerCounters(nn.Cell):
     def per_layer(self):
         """``{layer: {"A_updates": int, "G_updates": int, "has_inverse": bool, "demoted": bool}}`` as
         Python values (``asnumpy`` copies; never called in a graph)."""
-        values = {family: getattr(self, attr).asnumpy().copy() for family, attr in
-                  (("A_updates", "a_updates"), ("G_updates", "g_updates"), ("has_inverse", "has_inverse"),
-                   ("demoted", "demoted"))}
+        values = {family: getattr(self, attr).asnumpy().copy() for family, attr, _ in _LAYER_FAMILIES}
         return {name: {family: values[family][k].item() for family in values} for k, name in enumerate(self.layers)}
 
     def upgrade(self, param_dict):
@@ -96,7 +93,7 @@ class LayerCounters(nn.Cell):
         """
         out = dict(param_dict)
         for names, families in ((self.layers, _LAYER_FAMILIES), (self.norms, _NORM_FAMILIES)):
-            for family, dtype in families.items():
+            for family, _, dtype in families:
                 keys = [f"{self.prefix}.{name}.{family}" for name in names]
                 present = [key in out for key in keys]
                 if not any(present) or f"{self.prefix}.{family}" in out:

@@ -153,7 +153,7 @@ class Guard:
         multiplier they were computed with)."""
         if not self.adaptive_damping:
             return ops.zeros((), ms.bool_), None
-        inverted = self.boost_inverted * 1.0
+        inverted = self.boost_inverted * 1.0     # a value: passing the Parameter on would read it again
         ratio = boost / inverted
         return ops.logical_or(ratio > REINVERT_RATIO, ratio < 1.0 / REINVERT_RATIO), inverted
 
@@ -168,8 +168,8 @@ class Guard:
         gradients concatenated as float32 (shared with the finiteness check)."""
         if not self.adaptive_damping:
             return finite, None
-        if self.is_group_lr:
-            slope_next = -self._weighted_dot(gradients, flat, self.step_lr, finite)     # g_{t+1}' delta_t
+        if self.is_group_lr:                                                          # g_{t+1}' delta_t
+            slope_next = -self._group_dot(gradients, self.step_lr, finite)
         else:
             slope_next = -(flat * self.kept_moments).sum() * self.step_lr[0]
         slope = self.step_slope
@@ -198,25 +198,25 @@ class Guard:
                 for i in range(self.num_params):
                     rates += (ops.cast(self._lr_of(lr, i), ms.float32).reshape(()),)
                 rates = ops.stack(rates)
+                slope = -self._group_dot(gradients, rates, token)
             else:
                 rates = ops.broadcast_to(ops.cast(lr, ms.float32).reshape(()), (self.num_params,))
-            slope = -self._weighted_dot(gradients, flat, rates, token)
+                # v_{t+1}, read once after the update and kept for the next step's _adapt
+                moments = ()
+                for moment in self.moments:
+                    moments += (ops.cast(ops.depend(moment, token), ms.float32).reshape(-1),)
+                moments = ops.concat(moments)
+                ops.assign(self.kept_moments, moments)
+                slope = -(flat * moments).sum() * rates[0]
             ops.assign(self.step_slope, ops.select(finite, slope, ops.zeros_like(slope)))
             ops.assign(self.step_lr, rates)
         return token
 
-    def _weighted_dot(self, gradients, flat, rates, token):
+    def _group_dot(self, gradients, rates, token):
         """``sum_i rates_i <g_i, v_i>`` over the parameters, the momentum buffers ``v`` read after
-        ``token``. With one learning rate for all parameters it is one dot product of the concatenated
-        vectors (a few kernels, whatever the number of parameters), and the concatenation is kept for
-        the next step; with parameter groups one per parameter."""
-        if not self.is_group_lr:
-            moments = ()
-            for moment in self.moments:
-                moments += (ops.cast(ops.depend(moment, token), ms.float32).reshape(-1),)
-            moments = ops.concat(moments)
-            ops.assign(self.kept_moments, moments)
-            return (flat * moments).sum() * rates[0]
+        ``token``: one dot product per parameter, for parameter groups (one learning rate per
+        parameter). With one learning rate it is one dot product of the concatenated vectors, in
+        :meth:`_adapt` and :meth:`_remember_step`."""
         dots = ()
         for i in range(self.num_params):
             moment = ops.depend(self.moments[i], token)
