@@ -4,7 +4,8 @@
                                     [--optimizers momentum,kfac,kfac-P/P,spngd,thor] [--rounds 1]
                                     [--period 20] [--spngd-warmup 20] [--data-batches 4] [--repeats 5]
                                     [--out results/]
-    python -m benchmarks.cost_model --compile [--optimizers momentum,kfac,spngd,thor] [--out results/]
+    python -m benchmarks.cost_model --compile [--optimizers momentum,kfac,spngd,thor] [--config cpu_smoke]
+                                    [--batch N] [--phases] [--out results/]
 
 **FLOP model.** For every layer the optimizer preconditions (``opt.layer_specs``: kind, ``a_dim`` =
 fan-in (+1 with a bias), ``g_dim`` = outputs, kernel/stride/padding) and its number of output positions
@@ -48,15 +49,22 @@ statistics keep moving and it refreshes nearly every step, with one fixed batch
 (intervals grow to ``max_interval`` = 64 steps): pass more ``--rounds`` and ``--spngd-warmup``.
 The floor uses the refreshes SP-NGD actually made, so measured and floor stay comparable.
 
-**Compile (``--compile``).** The model zoo's ``cpu_smoke`` network and optimizers, built by the zoo's
-own factory (``model_zoo/resnet50/benchmark.py``), first call (graph compilation + step 0) and the
-median of a few later steps, for each optimizer, with the ratio to Momentum (target <= 3x).
+**Compile (``--compile``).** The model zoo's ``cpu_smoke`` network and optimizers (or another zoo
+``--config``, ``{optimizer}`` substituted, e.g. ``resnet50_imagenet2012_{optimizer}_8p`` at a small
+``--batch``), built by the zoo's own factory (``model_zoo/resnet50/benchmark.py``), first call (graph
+compilation + step 0) and the median of a few later steps, for each optimizer, with the ratio to
+Momentum (target <= 3x). ``--phases`` compiles each optimizer once more in a child process with
+MindSpore's verbose log on (``VLOG_v=1``) and reads the compiler's own timings of its phases from it
+(``[MsProfile]`` lines: ``type_inference``, ``optimize``, ``task_emit``, ...). The log slows the
+child down, so the phases are read as shares, not added to the first call.
 
 Results are printed as Markdown tables and saved as JSON (:func:`benchmarks.save_results`).
 """
 import argparse
 import dataclasses
 import os
+import re
+import subprocess
 import sys
 import time
 from typing import Optional
@@ -562,22 +570,27 @@ def floor_markdown(rows):
 ZOO_OPTIMIZERS = ("momentum", "kfac", "spngd", "thor")
 
 
-def compile_times(optimizers, steps=5, config="cpu_smoke"):
-    """First call and median step of the model zoo's ``config`` for each optimizer (the zoo's factory)."""
+def _zoo():
     zoo = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_zoo", "resnet50")
     if zoo not in sys.path:
         sys.path.insert(0, zoo)
     import benchmark as zoo_benchmark                     # model_zoo/resnet50/benchmark.py
     from src.config import load_config
-    first = load_config(config)
-    batch = first["batch_size"]
-    rng = np.random.default_rng(0)
-    x = Tensor(rng.standard_normal((batch, 3, first["image_size"], first["image_size"])).astype(np.float32))
-    y = Tensor((np.arange(batch) % first["num_classes"]).astype(np.int32))
+    return zoo_benchmark, load_config
+
+
+def compile_times(optimizers, steps=5, config="cpu_smoke", batch=None):
+    """First call and median step of the model zoo's ``config`` for each optimizer (the zoo's factory)."""
+    zoo_benchmark, load_config = _zoo()
     rows = []
     for name in optimizers:
+        settings = load_config(config.format(optimizer=name))
+        size = batch or settings["batch_size"]
+        rng = np.random.default_rng(0)
+        x = Tensor(rng.standard_normal((size, 3, settings["image_size"], settings["image_size"])).astype(np.float32))
+        y = Tensor((np.arange(size) % settings["num_classes"]).astype(np.int32))
         ms.set_seed(0)
-        cell, _ = zoo_benchmark._cell(config, name, batch, steps + 1)
+        cell, _ = zoo_benchmark._cell(config, name, size, steps + 1)
         start = time.perf_counter()
         cell(x, y).asnumpy()
         first_call = time.perf_counter() - start
@@ -587,7 +600,8 @@ def compile_times(optimizers, steps=5, config="cpu_smoke"):
             cell(x, y).asnumpy()
             later.append(time.perf_counter() - start)
         step = float(np.median(later))
-        rows.append({"config": config, "optimizer": name, "batch": batch, "first_call_s": first_call,
+        rows.append({"config": config.format(optimizer=name), "optimizer": name, "batch": size,
+                     "parameters": len(cell.optimizer.parameters), "first_call_s": first_call,
                      "median_step_s": step, "compile_s": max(first_call - step, 0.0)})
     base = next((r["compile_s"] for r in rows if r["optimizer"] == "momentum"), None)
     for r in rows:
@@ -595,12 +609,50 @@ def compile_times(optimizers, steps=5, config="cpu_smoke"):
     return rows
 
 
+COMPILE_PHASES = ("type_inference", "optimize", "task_emit")
+_PHASE_LINE = re.compile(r"\[MsProfile\] \[compile_action\] (\S+) costs ([0-9.]+) msec")
+
+
+def parse_phases(log):
+    """``{action: seconds}`` summed over the ``[MsProfile] [compile_action]`` lines of a verbose log."""
+    phases = {}
+    for line in log.splitlines():
+        match = _PHASE_LINE.search(line)
+        if match:
+            phases[match.group(1)] = phases.get(match.group(1), 0.0) + float(match.group(2)) / 1000
+    return phases
+
+
+def compile_phases(optimizer, config, batch):
+    """Seconds per top-level compile action of one optimizer, from MindSpore's verbose log of a child
+    process (see the module docstring)."""
+    env = dict(os.environ, VLOG_v="1", GLOG_logtostderr="1")
+    command = [sys.executable, "-m", "benchmarks.cost_model", "--compile", "--compile-steps", "1",
+               "--optimizers", optimizer, "--config", config, "--out", ""]
+    if batch:
+        command += ["--batch", str(batch)]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(command, env=env, cwd=root, capture_output=True, text=True, check=False)
+    phases = parse_phases(done.stdout + done.stderr)
+    if done.returncode or not phases:
+        raise RuntimeError(f"the phase run of {optimizer} failed (exit {done.returncode}): "
+                           f"{done.stderr.strip().splitlines()[-1:] or 'no [MsProfile] lines'}")
+    return phases
+
+
 def compile_markdown(rows):
-    lines = ["| config | optimizer | batch | first call s | median step ms | compile s (first call - step) "
-             "| compile x Momentum (target <= 3) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| config | optimizer | batch | parameters | first call s | median step ms | compile s (first call - step) "
+             "| compile x Momentum (target <= 3) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['config']} | {r['optimizer']} | {r['batch']} | {r['first_call_s']:.1f} | "
+        lines.append(f"| {r['config']} | {r['optimizer']} | {r['batch']} | {r['parameters']} | {r['first_call_s']:.1f} | "
                      f"{_ms(r['median_step_s'])} | {r['compile_s']:.1f} | {r['compile_ratio']:.2f} |")
+    if any("phases" in r for r in rows):
+        lines += ["", "| optimizer | " + " | ".join(f"{p} s" for p in COMPILE_PHASES) + " | all actions s |",
+                  "|---|" + "---|" * (len(COMPILE_PHASES) + 1)]
+        for r in rows:
+            phases = r.get("phases", {})
+            lines.append(f"| {r['optimizer']} | " + " | ".join(f"{phases.get(p, float('nan')):.1f}" for p in COMPILE_PHASES)
+                         + f" | {sum(phases.values()):.1f} |")
     return "\n".join(lines)
 
 
@@ -620,6 +672,11 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per standalone kernel (median)")
     parser.add_argument("--compile", action="store_true", help="measure the model zoo's cpu_smoke compile time instead")
     parser.add_argument("--compile-steps", type=int, default=5, help="later steps timed after the first call")
+    parser.add_argument("--config", default="cpu_smoke",
+                        help="--compile: model zoo config ('{optimizer}' substituted)")
+    parser.add_argument("--batch", type=int, default=None, help="--compile: batch size (default: the config's)")
+    parser.add_argument("--phases", action="store_true",
+                        help="--compile: also read the compiler's phase timings (one more compile per optimizer)")
     parser.add_argument("--out", default="results")
     args = parser.parse_args(argv)
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -628,9 +685,14 @@ def main(argv=None):
         names = tuple((args.optimizers or ",".join(ZOO_OPTIMIZERS)).split(","))
         if any(n not in ZOO_OPTIMIZERS for n in names):
             raise SystemExit(f"--compile optimizers must be among {ZOO_OPTIMIZERS}")
-        rows = compile_times(names, args.compile_steps)
+        rows = compile_times(names, args.compile_steps, args.config, args.batch)
+        if args.phases:
+            for r in rows:
+                r["phases"] = compile_phases(r["optimizer"], args.config, args.batch)
         table = compile_markdown(rows)
         print(table)
+        if not args.out:
+            return None
         return save_results(args.out, "cost_model_compile", {"steps": args.compile_steps, "rows": rows,
                                                              "markdown": table})
     optimizers = tuple((args.optimizers or ",".join(OPTIMIZERS)).split(","))

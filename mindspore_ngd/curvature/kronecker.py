@@ -25,7 +25,20 @@ from . import inverse as inv_ops
 from .blocks import BlockLayout, apply_left, apply_right, to_blocks
 from .statistics import fold_statistic
 
-__all__ = ["KroneckerBlock"]
+__all__ = ["KroneckerBlock", "matrix_part"]
+
+
+def matrix_part(matrix, is_bias, has_bias, shape, dtype):
+    """The weight (or bias) part of a layer's ``(g_dim, a_dim)`` gradient-shaped matrix (bias as the
+    last column, as :meth:`KroneckerBlock.gradient` builds it), shaped and typed like the parameter."""
+    columns = matrix.shape[1]
+    if is_bias:
+        part = ops.narrow(matrix, 1, columns - 1, 1)
+    elif has_bias:
+        part = ops.narrow(matrix, 1, 0, columns - 1)
+    else:
+        part = matrix
+    return ops.cast(part.reshape(shape), dtype)
 
 
 def _square(dim, name, fill, owned):
@@ -169,14 +182,3 @@ class KroneckerBlock(nn.Cell):
         """``G^-1 dW A^-1``. Until the first accepted refresh the inverses are still the identity they
         were initialised to, and ``I dW I == dW`` exactly."""
         return apply_right(apply_left(inverses[1], matrix, self.g_layout), inverses[0], self.a_layout)
-
-    def part(self, matrix, is_bias, shape, dtype):
-        """The weight (or bias) part of a ``(g_dim, a_dim)`` matrix, shaped and typed like its gradient."""
-        columns = matrix.shape[1]
-        if is_bias:
-            part = ops.narrow(matrix, 1, columns - 1, 1)
-        elif self.bias_index >= 0:
-            part = ops.narrow(matrix, 1, 0, columns - 1)
-        else:
-            part = matrix
-        return ops.cast(part.reshape(shape), dtype)

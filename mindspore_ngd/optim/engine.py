@@ -50,7 +50,7 @@ from .argdocs import shared_arguments
 from .policy import Policy, check_arguments, default_decay_filter
 from .guard import Guard
 from .report import Inspection, report_invisible
-from .update import Update
+from .update import Update, flat_gradients
 
 __all__ = ["NGDOptimizer"]
 
@@ -135,6 +135,9 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
                                      + [f"{s.name}.F" for s in norm_specs])
         prefix = policy.name
         self._roles, self._norm_roles, index = parameter_roles(self._parameters, specs, norm_specs)
+        # per parameter, for the update's map: (layer, is_bias, the layer has a bias, norm, gamma/beta)
+        self._part_roles = tuple((layer, is_bias, bool(layer >= 0 and specs[layer].has_bias), norm, which)
+                                 for (layer, is_bias), (norm, which) in zip(self._roles, self._norm_roles))
         decay_filter = decay_filter or default_decay_filter
         decay = [groups.weight_decay.get(p.name, weight_decay if decay_filter(p) else 0.0) for p in self._parameters]
         self._decay = tuple(value > 0 for value in decay)
@@ -225,7 +228,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         gradients = self.scale_grad(self.flatten_gradients(gradients))
         lr = self.get_lr()
         step = self.global_step.reshape(())
-        flat = self._flat(gradients)
+        flat = flat_gradients(gradients)
         finite = self._watch(gradients, ops.isfinite(flat).all(), step, self.demoted_unreported)
         token, boost = self._adapt(gradients, flat, finite)
         finite = ops.depend(finite, token)

@@ -56,6 +56,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import ops, Parameter, Tensor
 
+from .update import dots_after, flat_after, parameter_rates
+
 __all__ = ["Guard", "DIVERGED", "BOOST_UP", "BOOST_DOWN", "is_divergence"]
 
 logger = logging.getLogger("mindspore_ngd")
@@ -194,18 +196,12 @@ class Guard:
         """Store ``g_t' delta_t`` of the step just taken (after the update ``token``)."""
         if self.adaptive_damping:
             if self.is_group_lr:
-                rates = ()
-                for i in range(self.num_params):
-                    rates += (ops.cast(self._lr_of(lr, i), ms.float32).reshape(()),)
-                rates = ops.stack(rates)
+                rates = parameter_rates(lr)
                 slope = -self._group_dot(gradients, rates, token)
             else:
                 rates = ops.broadcast_to(ops.cast(lr, ms.float32).reshape(()), (self.num_params,))
                 # v_{t+1}, read once after the update and kept for the next step's _adapt
-                moments = ()
-                for moment in self.moments:
-                    moments += (ops.cast(ops.depend(moment, token), ms.float32).reshape(-1),)
-                moments = ops.concat(moments)
+                moments = flat_after(self.moments, ops.depend(finite, token))
                 ops.assign(self.kept_moments, moments)
                 slope = -(flat * moments).sum() * rates[0]
             ops.assign(self.step_slope, ops.select(finite, slope, ops.zeros_like(slope)))
@@ -217,8 +213,4 @@ class Guard:
         ``token``: one dot product per parameter, for parameter groups (one learning rate per
         parameter). With one learning rate it is one dot product of the concatenated vectors, in
         :meth:`_adapt` and :meth:`_remember_step`."""
-        dots = ()
-        for i in range(self.num_params):
-            moment = ops.depend(self.moments[i], token)
-            dots += ((ops.cast(gradients[i], ms.float32) * ops.cast(moment, ms.float32)).sum(),)
-        return (rates * ops.stack(dots)).sum()
+        return (rates * dots_after(gradients, self.moments, token)).sum()

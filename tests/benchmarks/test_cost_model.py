@@ -83,3 +83,20 @@ def test_bad_arguments_are_refused(tmp_path):
         cost_model.main(["--models", "nosuchnet", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):
         cost_model.main(["--optimizers", "kfac", "--out", str(tmp_path)])
+
+
+def test_compile_phases_are_read_from_the_verbose_log_and_tabled():
+    log = "\n".join([
+        "[V1] PIPELINE(1,7f,python):2026 [mindspore/core/include/utils/profile.h:287] DisplayVlog] "
+        "[MsProfile] [compile_action] type_inference costs 11455.4 msec.",
+        "[V1] ... [MsProfile] [compile_irpass] opt_a costs 9939.37 msec.",           # a pass inside optimize
+        "[V1] ... [MsProfile] [compile_action] optimize costs 13440 msec.",
+        "[V1] ... [MsProfile] [compile_action] task_emit costs 2493.96 msec.",
+        "unrelated line costs 5 msec."])
+    phases = cost_model.parse_phases(log)
+    assert phases == pytest.approx({"type_inference": 11.4554, "optimize": 13.44, "task_emit": 2.49396})
+    rows = [{"config": "cpu_smoke", "optimizer": "kfac", "batch": 8, "parameters": 29, "first_call_s": 25.0,
+             "median_step_s": 0.02, "compile_s": 24.98, "compile_ratio": 10.0, "phases": phases}]
+    table = cost_model.compile_markdown(rows)
+    assert "| kfac | 11.5 | 13.4 | 2.5 | 27.4 |" in table
+    assert "| cpu_smoke | kfac | 8 | 29 | 25.0 |" in table
