@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 import mindspore as ms
-from mindspore import Tensor
+from mindspore import nn, Tensor
 
-import zoo  # noqa: F401 - puts the model zoo's src/ on sys.path (and needs pyyaml)
+from zoo import smoke_config  # puts the model zoo's src/ on sys.path (and needs pyyaml)
+from src import runtime
 from src.resnet import build_network, resnet50
 
 
@@ -33,6 +34,20 @@ def test_resnet50_forward_shape_on_a_small_input():
     net.set_train(False)
     out = net(Tensor(np.random.default_rng(0).standard_normal((2, 3, 64, 64)).astype(np.float32)))
     assert out.shape == (2, 1000) and np.isfinite(out.asnumpy()).all()
+
+
+def test_resnet50_training_step_compiles_in_the_zoo_context():
+    """MindSpore 2.10 stops compiling ResNet-50's training graph at its default limit of 1000 nested
+    calls ("Exceed function call depth limit 1000", measured with nn.Momentum); train.py and eval.py
+    set the context through runtime.setup_context, which raises the limit."""
+    runtime.setup_context(smoke_config(net="resnet50"))
+    net = resnet50(num_classes=10)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.CrossEntropyLoss()),
+                               nn.Momentum(net.trainable_params(), 0.01, 0.9))
+    step.set_train()
+    images = Tensor(np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32))
+    loss = step(images, Tensor(np.array([1, 2], np.int32))).asnumpy()
+    assert np.isfinite(loss) and loss > 0
 
 
 def test_build_network_rejects_unknown_names_and_options():

@@ -35,11 +35,17 @@ def parse(description, add_arguments=None, argv=None):
     return args, config
 
 
+RECURSION_LIMIT = 10000
+
+
 def setup_context(config):
     import mindspore as ms
     ms.set_seed(config["seed"])
     ms.set_device(config["device_target"])
     ms.set_context(mode=ms.GRAPH_MODE if config["mode"] == "graph" else ms.PYNATIVE_MODE)
+    # ResNet-50's training graph nests deeper than MindSpore 2.10's default limit of 1000 calls: its
+    # compile stops with "Exceed function call depth limit 1000", even with nn.Momentum
+    ms.set_recursion_limit(RECURSION_LIMIT)
 
 
 def checkpoint_epoch(path, params):
