@@ -48,7 +48,7 @@ from .groups import parse_groups
 from .layers import discover, parameter_roles, plain_layers
 from .argdocs import shared_arguments
 from .policy import Policy, check_arguments, default_decay_filter
-from .guard import Guard
+from .guard import Guard, refuse_compile_cache
 from .report import Inspection, report_invisible
 from .update import Update, flat_gradients
 
@@ -112,6 +112,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
             network, learning_rate, damping, momentum, weight_decay, factor_decay, loss_scale, policy, decay_filter,
             balance)
         divergence_patience = _validate.positive_int("divergence_patience", divergence_patience)
+        refuse_compile_cache(type(self).__name__)
         if not isinstance(strict, bool):
             raise TypeError(f"strict must be a bool, got {type(strict).__name__}")
         if not list(network.trainable_params()):

@@ -47,9 +47,11 @@ MindSpore's graph-mode ``raise`` accepts only built-in exception types, hence ``
 :func:`mindspore_ngd.is_divergence` recognises it.
 Every skipped (non-finite) step is reported as it happens through the ``mindspore_ngd`` logger at
 WARNING level. Both are host calls from the compiled graph (MindSpore's graph-mode ``raise`` and
-Python calls in a run-time branch).
+Python calls in a run-time branch). MindSpore 2.10 cannot save a graph with host calls in its
+compile cache, so :func:`refuse_compile_cache` stops an optimizer built while the cache is on.
 """
 import logging
+import os
 
 import numpy as np
 
@@ -58,7 +60,7 @@ from mindspore import ops, Parameter, Tensor
 
 from .update import dots_after, flat_after, parameter_rates
 
-__all__ = ["Guard", "DIVERGED", "BOOST_UP", "BOOST_DOWN", "is_divergence"]
+__all__ = ["Guard", "DIVERGED", "BOOST_UP", "BOOST_DOWN", "is_divergence", "refuse_compile_cache"]
 
 logger = logging.getLogger("mindspore_ngd")
 
@@ -66,6 +68,22 @@ DIVERGED = "diverged at step"
 BOOST_UP = 1.5
 BOOST_DOWN = 1.2
 REINVERT_RATIO = 2.0
+
+
+def refuse_compile_cache(owner):
+    """Raise a RuntimeError naming the switch when MindSpore's compile cache is on
+    (``MS_COMPILER_CACHE_ENABLE=1``, or the deprecated ``set_context(enable_compile_cache=True)``).
+
+    The step's host calls (the divergence stop and the skipped-step and demoted-layer reports) are
+    JIT-fallback ``PyExecute`` nodes, and MindSpore 2.10 fails at the first call of such a graph with
+    "Cannot export a PyExecute CNode in MindIR" (measured). Refused here, before any compilation."""
+    by_env = os.environ.get("MS_COMPILER_CACHE_ENABLE", "0").strip() not in ("", "0")
+    if by_env or ms.get_context("enable_compile_cache"):
+        switch = "MS_COMPILER_CACHE_ENABLE=1" if by_env else "set_context(enable_compile_cache=True)"
+        raise RuntimeError(f"{owner} cannot be compiled with MindSpore's compile cache on ({switch}): its step "
+                           "calls back into Python (divergence stop, skipped-step and demoted-layer reports), "
+                           "and MindSpore 2.10 cannot save such a graph (\"Cannot export a PyExecute CNode in "
+                           "MindIR\"). Unset the cache for runs that use this optimizer.")
 
 
 def is_divergence(error):

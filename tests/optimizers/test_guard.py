@@ -132,3 +132,19 @@ def test_bad_guard_arguments_are_named(kwargs, words):
         ngd.KFAC(DenseNet(), learning_rate=0.1, verbose=False, **kwargs)
     for word in words:
         assert word in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["KFAC", "SPNGD", "THOR"])
+def test_the_compile_cache_is_refused_by_name_before_compiling(name, monkeypatch):
+    """MindSpore 2.10 fails the first call of a step with host calls when its compile cache is on."""
+    monkeypatch.setenv("MS_COMPILER_CACHE_ENABLE", "1")
+    with pytest.raises(RuntimeError, match=r"MS_COMPILER_CACHE_ENABLE=1.*PyExecute"):
+        getattr(ngd, name)(DenseNet(), learning_rate=0.1, damping=1e-3, verbose=False)
+    monkeypatch.setenv("MS_COMPILER_CACHE_ENABLE", "0")
+    ms.set_context(enable_compile_cache=True)
+    try:
+        with pytest.raises(RuntimeError, match=r"enable_compile_cache=True"):
+            getattr(ngd, name)(DenseNet(), learning_rate=0.1, damping=1e-3, verbose=False)
+    finally:
+        ms.set_context(enable_compile_cache=False)
+    getattr(ngd, name)(DenseNet(), learning_rate=0.1, damping=1e-3, verbose=False)     # off again: builds
