@@ -582,6 +582,8 @@ def _zoo():
 def compile_times(optimizers, steps=5, config="cpu_smoke", batch=None):
     """First call and median step of the model zoo's ``config`` for each optimizer (the zoo's factory)."""
     zoo_benchmark, load_config = _zoo()
+    from src.runtime import RECURSION_LIMIT
+    ms.set_recursion_limit(RECURSION_LIMIT)          # ResNet-50 nests deeper than the default
     rows = []
     for name in optimizers:
         settings = load_config(config.format(optimizer=name))
