@@ -570,20 +570,15 @@ def floor_markdown(rows):
 ZOO_OPTIMIZERS = ("momentum", "kfac", "spngd", "thor")
 
 
-def _zoo():
+def compile_times(optimizers, steps=5, config="cpu_smoke", batch=None):
+    """First call and median step of the model zoo's ``config`` for each optimizer (the zoo's factory)."""
     zoo = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_zoo", "resnet50")
     if zoo not in sys.path:
         sys.path.insert(0, zoo)
     import benchmark as zoo_benchmark                     # model_zoo/resnet50/benchmark.py
     from src.config import load_config
-    return zoo_benchmark, load_config
-
-
-def compile_times(optimizers, steps=5, config="cpu_smoke", batch=None):
-    """First call and median step of the model zoo's ``config`` for each optimizer (the zoo's factory)."""
-    zoo_benchmark, load_config = _zoo()
-    from src.runtime import RECURSION_LIMIT
-    ms.set_recursion_limit(RECURSION_LIMIT)          # ResNet-50 nests deeper than the default
+    from src.runtime import allow_deep_graphs
+    allow_deep_graphs()                                   # ResNet-50 nests deeper than the default
     rows = []
     for name in optimizers:
         settings = load_config(config.format(optimizer=name))

@@ -135,10 +135,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         self.statistic_names = tuple([f"{s.name}.A" for s in specs] + [f"{s.name}.G" for s in specs]
                                      + [f"{s.name}.F" for s in norm_specs])
         prefix = policy.name
-        self._roles, self._norm_roles, index = parameter_roles(self._parameters, specs, norm_specs)
-        # per parameter, for the update's map: (layer, is_bias, the layer has a bias, norm, gamma/beta)
-        self._part_roles = tuple((layer, is_bias, bool(layer >= 0 and specs[layer].has_bias), norm, which)
-                                 for (layer, is_bias), (norm, which) in zip(self._roles, self._norm_roles))
+        self._roles, index = parameter_roles(self._parameters, specs, norm_specs)
         decay_filter = decay_filter or default_decay_filter
         decay = [groups.weight_decay.get(p.name, weight_decay if decay_filter(p) else 0.0) for p in self._parameters]
         self._decay = tuple(value > 0 for value in decay)

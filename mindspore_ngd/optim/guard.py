@@ -219,7 +219,7 @@ class Guard:
             else:
                 rates = ops.broadcast_to(ops.cast(lr, ms.float32).reshape(()), (self.num_params,))
                 # v_{t+1}, read once after the update and kept for the next step's _adapt
-                moments = flat_after(self.moments, ops.depend(finite, token))
+                moments = flat_after(self.moments, token)
                 ops.assign(self.kept_moments, moments)
                 slope = -(flat * moments).sum() * rates[0]
             ops.assign(self.step_slope, ops.select(finite, slope, ops.zeros_like(slope)))

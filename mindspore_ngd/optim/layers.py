@@ -41,20 +41,19 @@ def discover(network, skip_layers, unit_batchnorm):
 
 
 def parameter_roles(params, specs, norm_specs):
-    """Per parameter (Python constants unrolled in the graph): ``(layer, is_bias)`` with layer -1
-    for a parameter no Kronecker block owns, and ``(norm, 0 gamma / 1 beta)`` with norm -1 for one no
-    unit-wise BatchNorm block owns; plus the name -> position index."""
+    """Per parameter, Python constants for the compiled step: ``(layer, is_bias, layer_has_bias, norm,
+    which)``, with layer -1 for a parameter no Kronecker block owns and norm -1 for one no unit-wise
+    BatchNorm block owns (``which``: 0 gamma, 1 beta); plus the name -> position index."""
     index = {p.name: i for i, p in enumerate(params)}
-    roles = [(-1, False)] * len(params)
+    roles = [[-1, False, False, -1, 0] for _ in params]
     for k, s in enumerate(specs):
-        roles[index[s.weight_name]] = (k, False)
+        roles[index[s.weight_name]][:3] = [k, False, bool(s.has_bias)]
         if s.has_bias:
-            roles[index[s.bias_name]] = (k, True)
-    norm_roles = [(-1, 0)] * len(params)
+            roles[index[s.bias_name]][:3] = [k, True, True]
     for j, s in enumerate(norm_specs):
-        norm_roles[index[s.gamma_name]] = (j, 0)
-        norm_roles[index[s.beta_name]] = (j, 1)
-    return tuple(roles), tuple(norm_roles), index
+        roles[index[s.gamma_name]][3:] = [j, 0]
+        roles[index[s.beta_name]][3:] = [j, 1]
+    return tuple(tuple(role) for role in roles), index
 
 
 def plain_layers(network, handled, skipped):

@@ -95,7 +95,7 @@ class Inspection:
                            "; ".join(f"{reason}: {', '.join(cells)}" for reason, cells in groups.items()))
         if not verbose:
             return
-        plain = [p.name for i, p in enumerate(self._parameters) if self._roles[i][0] < 0 and self._norm_roles[i][0] < 0]
+        plain = [p.name for i, p in enumerate(self._parameters) if self._roles[i][0] < 0 and self._roles[i][3] < 0]
         norms = f"; unit-wise BatchNorm: {', '.join(s.name for s in self.norm_specs)}" if self.norm_specs else ""
         logger.info("%s: preconditioning %d layers [%s]; plain momentum update for %d parameters [%s]%s",
                     name, len(self.layer_specs), ", ".join(s.name for s in self.layer_specs),

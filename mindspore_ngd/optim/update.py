@@ -40,9 +40,15 @@ def flat_gradients(values):
     return ops.concat(_HYPER_MAP(_as_flat, values))
 
 
-def flat_after(values, token):
-    """:func:`flat_gradients` of ``values`` (e.g. the momentum buffers) read after ``token``."""
-    return ops.concat(_HYPER_MAP(F.partial(_as_flat_after, token), values))
+def _token(after):
+    """A scalar tensor computed after ``after`` (a tensor or a tuple, e.g. the update's outcomes), to
+    order the reads of a map after it."""
+    return ops.depend(ops.zeros((), ms.float32), after)
+
+
+def flat_after(values, after):
+    """:func:`flat_gradients` of ``values`` (e.g. the momentum buffers) read after ``after``."""
+    return ops.concat(_HYPER_MAP(F.partial(_as_flat_after, _token(after)), values))
 
 
 _as_rate = C.MultitypeFuncGraph("ngd_as_rate")
@@ -66,10 +72,9 @@ def _dot_after_tensor(token, grad, moment):
     return (ops.cast(grad, ms.float32) * ops.cast(ops.depend(moment, token), ms.float32)).sum()
 
 
-def dots_after(gradients, moments, token):
-    """``<g_i, v_i>`` per parameter as one vector, the momentum buffers ``v`` read after ``token``."""
-    return ops.stack(_HYPER_MAP(F.partial(_dot_after, ops.depend(ops.zeros((), ms.float32), token)),
-                                gradients, moments))
+def dots_after(gradients, moments, after):
+    """``<g_i, v_i>`` per parameter as one vector, the momentum buffers ``v`` read after ``after``."""
+    return ops.stack(_HYPER_MAP(F.partial(_dot_after, _token(after)), gradients, moments))
 
 
 _assembled = C.MultitypeFuncGraph("ngd_assembled")
@@ -78,7 +83,8 @@ _assembled = C.MultitypeFuncGraph("ngd_assembled")
 @_assembled.register("Tuple", "Tuple", "Tuple", "Tensor")
 def _assembled_one(matrices, pairs, role, grad):
     """One parameter's gradient, or its preconditioned replacement: ``role`` is the static
-    ``(layer, is_bias, layer_has_bias, norm, gamma 0 / beta 1)``, -1 where no block owns it."""
+    ``(layer, is_bias, layer_has_bias, norm, gamma 0 / beta 1)`` of
+    :func:`~mindspore_ngd.optim.layers.parameter_roles`, -1 where no block owns it."""
     layer, is_bias, has_bias, norm, which = role
     if norm >= 0:
         return ops.cast(pairs[norm][which].reshape(grad.shape), grad.dtype)
@@ -122,7 +128,7 @@ class Update:
     def _assemble(self, gradients, preconditioned):
         """Gradient tuple with each preconditioned layer's weight/bias replaced, dtypes kept."""
         matrices, pairs = preconditioned
-        return _HYPER_MAP(F.partial(_assembled, matrices, pairs), self._part_roles, gradients)
+        return _HYPER_MAP(F.partial(_assembled, matrices, pairs), self._roles, gradients)
 
     def _lr_of(self, lr, i):
         """Learning rate of parameter ``i``: ``get_lr()`` is one value per parameter with group lrs."""
@@ -141,7 +147,7 @@ class Update:
                                  rates, self.weight_decay_values, self._decay, self._centralize,
                                  self._parameters, self.moments, gradients)
         else:
-            lr_eff = ops.select(finite, ops.cast(lr, ms.float32), ops.zeros((), ms.float32))
+            lr_eff = _lr_when_tensor(finite, lr)
             success = _HYPER_MAP(F.partial(_param_update, self.apply_momentum, momentum_eff, finite, clip_norm,
                                            lr_eff),
                                  self.weight_decay_values, self._decay, self._centralize, self._parameters,

@@ -52,10 +52,10 @@ def main(argv=None):
 
     from src.config import load_config
     from src.optimizer import OptimizerUnavailable
-    from src.runtime import RECURSION_LIMIT
+    from src.runtime import allow_deep_graphs
     ms.set_device("CPU")
     ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_recursion_limit(RECURSION_LIMIT)
+    allow_deep_graphs()
     names = [n for n in args.optimizers.split(",") if n]
     first = load_config(args.config.format(optimizer=names[0]))
     batch = args.batch_size or first["batch_size"]
