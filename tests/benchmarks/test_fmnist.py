@@ -164,12 +164,13 @@ def test_deepobs_networks(build, widths):
 
 def test_new_tasks_and_their_learning_rate_grids():
     for name, batch in (("fmnist-mlp", 128), ("fmnist-2c2d", 128), ("fmnist-mlp-b1024", 1024),
-                        ("digits-cnn-b512", 512)):
+                        ("fmnist-mlp-b4096", 4096), ("digits-cnn-b512", 512)):
         task = TASKS[name]
         assert task.batch_size == batch and task.kind == "classification"
         assert 1 <= task.quick_epochs < task.epochs
     assert TASKS["fmnist-2c2d"].epochs < TASKS["fmnist-mlp"].epochs
     assert TASKS["digits-cnn-b512"].build is models.DigitsCNN
+    assert (TASKS["fmnist-mlp-b4096"].build, TASKS["fmnist-mlp-b4096"].target) == (models.fmnist_mlp, 0.88)
     for name in ("momentum", "kfac", "adam"):                        # the default grids
         assert convergence.OPTIMIZERS[name].lrs_for(TASKS["fmnist-mlp-b1024"]) == convergence.OPTIMIZERS[name].lrs
 
