@@ -3,7 +3,7 @@
     python -m benchmarks.cost_model [--models resnet20,convbn,digits-bn,fmnist-mlp,fmnist-mlp-b1024]
                                     [--optimizers momentum,kfac,kfac-P/P,spngd,thor] [--rounds 1]
                                     [--period 20] [--spngd-warmup 20] [--data-batches 4] [--repeats 5]
-                                    [--out results/]
+                                    [--batch 128,1024,4096] [--out results/]
     python -m benchmarks.cost_model --compile [--optimizers momentum,kfac,spngd,thor] [--config cpu_smoke]
                                     [--batch N] [--phases] [--out results/]
 
@@ -38,6 +38,11 @@ aggregated like the measured steps: median over non-refresh steps, and mean over
 (amortised). ``measured - floor`` is the overhead to cut; the table gives it on non-refresh steps
 and amortised.
 
+**Batch size (``--batch``).** Each model at each of the given batch sizes (default: its own). The
+training arithmetic grows with the batch, the preconditioning does not (it depends on the layer's
+shape only), and the capture grows with it too: the sizes at which an optimizer's step comes close to
+Momentum's show where natural gradient can pay for itself per example.
+
 **Measured.** One training cell per optimizer, same network and batches, interleaved rounds of
 ``--period`` steps as in :mod:`benchmarks.step_time`, after a warm-up of one period (SP-NGD:
 ``--spngd-warmup`` more steps, so that its adaptive intervals, which start at 1, have grown).
@@ -62,6 +67,7 @@ Results are printed as Markdown tables and saved as JSON (:func:`benchmarks.save
 """
 import argparse
 import dataclasses
+import itertools
 import os
 import re
 import subprocess
@@ -417,17 +423,20 @@ def extra_seconds(event, kernel_times):
 
 
 # ---------------------------------------------------------------------------------------- benchmark
-def _batches(model_name, count=DATA_BATCHES):
-    """``count`` distinct synthetic (inputs, labels) batches, cycled by every optimizer alike."""
-    _, shape, batch = MODELS[model_name]
+def _batches(model_name, count=DATA_BATCHES, batch=None):
+    """``count`` distinct synthetic (inputs, labels) batches of ``batch`` examples (default: the
+    model's), cycled by every optimizer alike."""
+    _, shape, default = MODELS[model_name]
+    batch = batch or default
     rng = np.random.default_rng(0)
     return [(Tensor(rng.standard_normal((batch,) + tuple(shape)).astype(np.float32)),
              Tensor(rng.integers(0, 10, batch).astype(np.int32))) for _ in range(count)]
 
 
-def bench_model(model_name, optimizers, rounds, period, spngd_warmup, timer, data_batches=DATA_BATCHES):
-    batch = MODELS[model_name][2]
-    data = _batches(model_name, data_batches)
+def bench_model(model_name, optimizers, rounds, period, spngd_warmup, timer, data_batches=DATA_BATCHES,
+                batch=None):
+    batch = batch or MODELS[model_name][2]
+    data = _batches(model_name, data_batches, batch)
     cells, opts, compile_s, steps_done = {}, {}, {}, {}
     for kind in optimizers:
         cells[kind], opts[kind] = build_cell(model_name, kind, period)
@@ -671,21 +680,31 @@ def main(argv=None):
     parser.add_argument("--compile-steps", type=int, default=5, help="later steps timed after the first call")
     parser.add_argument("--config", default="cpu_smoke",
                         help="--compile: model zoo config ('{optimizer}' substituted)")
-    parser.add_argument("--batch", type=int, default=None, help="--compile: batch size (default: the config's)")
+    parser.add_argument("--batch", default=None,
+                        help="comma-separated batch sizes, each model timed at each (default: the model's own), "
+                             "e.g. 128,1024,4096 to find where the preconditioning stops dominating; "
+                             "--compile: one size (default: the config's)")
     parser.add_argument("--phases", action="store_true",
                         help="--compile: also read the compiler's phase timings (one more compile per optimizer)")
     parser.add_argument("--out", default="results")
     args = parser.parse_args(argv)
+    try:
+        batches = tuple(int(b) for b in args.batch.split(",")) if args.batch else (None,)
+    except ValueError:
+        batches = ()
+    if not batches or any(b is not None and b < 1 for b in batches) or (args.compile and len(batches) > 1):
+        parser.error(f"--batch must be {'one positive integer' if args.compile else 'positive integers, comma-separated'}"
+                     f", got {args.batch!r}")
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
     if args.compile:
         names = tuple((args.optimizers or ",".join(ZOO_OPTIMIZERS)).split(","))
         if any(n not in ZOO_OPTIMIZERS for n in names):
             raise SystemExit(f"--compile optimizers must be among {ZOO_OPTIMIZERS}")
-        rows = compile_times(names, args.compile_steps, args.config, args.batch)
+        rows = compile_times(names, args.compile_steps, args.config, batches[0])
         if args.phases:
             for r in rows:
-                r["phases"] = compile_phases(r["optimizer"], args.config, args.batch)
+                r["phases"] = compile_phases(r["optimizer"], args.config, batches[0])
         table = compile_markdown(rows)
         print(table)
         if not args.out:
@@ -700,13 +719,14 @@ def main(argv=None):
         raise SystemExit(f"--models must name models among {tuple(MODELS)}")
     timer = KernelTimer(args.repeats)
     rows, layers, texts, path = [], {}, [], None
-    for model_name in models:
+    for model_name, batch in itertools.product(models, batches):
+        batch = batch or MODELS[model_name][2]
         model_rows, model_layers = bench_model(model_name, optimizers, args.rounds, args.period,
-                                               args.spngd_warmup, timer, args.data_batches)
+                                               args.spngd_warmup, timer, args.data_batches, batch)
         rows += model_rows
-        layers[model_name] = model_layers
+        layers[f"{model_name} (batch {batch})"] = model_layers
         for kind, entry in model_layers.items():
-            text = layer_markdown(model_name, MODELS[model_name][2], kind, entry["layers"])
+            text = layer_markdown(model_name, batch, kind, entry["layers"])
             print(text + "\n")
             texts.append(text)
         if model_rows:                                    # this model's summary now, the whole table at the end

@@ -69,7 +69,7 @@ def test_main_end_to_end_on_a_tiny_net(tmp_path):
     for key in ("amortised_ratio", "floor_amortised_ratio", "quiet_ratio", "floor_quiet_ratio", "flop_ratio"):
         assert math.isfinite(row[key]) and row[key] > 0, key
     assert row["floor_amortised_s"] >= row["momentum_median_s"]
-    (layer,) = result["layers"]["tiny-mlp"]["kfac"]["layers"]
+    (layer,) = result["layers"]["tiny-mlp (batch 8)"]["kfac"]["layers"]
     assert layer["a_dim"] == 17 and layer["g_dim"] == 10 and layer["positions"] == 1
     assert layer["capture_rate_a"] == 1.0 and layer["inverse_rate"] == 0.5
     header = result["markdown"].split("\n")
@@ -78,9 +78,30 @@ def test_main_end_to_end_on_a_tiny_net(tmp_path):
     assert "| tiny-mlp (8) | kfac |" in result["markdown"]
 
 
-def test_bad_arguments_are_refused(tmp_path):
+def test_each_model_is_timed_at_each_batch_size(tmp_path):
+    path = cost_model.main(["--models", "tiny-mlp", "--optimizers", "momentum,thor", "--batch", "4,32",
+                            "--period", "2", "--repeats", "1", "--out", str(tmp_path)])
+    with open(path, encoding="utf-8") as handle:
+        result = json.load(handle)
+    assert [(r["batch"], r["optimizer"]) for r in result["rows"]] == [(4, "thor"), (32, "thor")]
+    assert list(result["layers"]) == ["tiny-mlp (batch 4)", "tiny-mlp (batch 32)"]
+    small, large = (result["layers"][key]["thor"]["layers"][0] for key in result["layers"])
+    # the training arithmetic grows with the batch, the preconditioning does not
+    assert large["train_gflop"] == pytest.approx(8 * small["train_gflop"])
+    assert large["precondition_gflop"] == pytest.approx(small["precondition_gflop"])
+    assert "| tiny-mlp (4) | thor |" in result["markdown"] and "| tiny-mlp (32) | thor |" in result["markdown"]
+
+
+def test_bad_arguments_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cost_model.main(["--models", "nosuchnet", "--out", str(tmp_path)])
+    for bad in ("0", "8,x", ","):
+        with pytest.raises(SystemExit):
+            cost_model.main(["--models", "tiny-mlp", "--batch", bad, "--out", str(tmp_path)])
+        assert "--batch must be positive integers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cost_model.main(["--compile", "--batch", "2,4", "--out", str(tmp_path)])
+    assert "--batch must be one positive integer" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cost_model.main(["--optimizers", "kfac", "--out", str(tmp_path)])
 
