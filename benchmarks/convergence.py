@@ -426,8 +426,9 @@ def summarize(task, runs):
         reference = {s["seed"]: s for s in best[reference_name]["per_seed"]}
         for name, entry in best.items():
             for key in ("epochs_to_target", "seconds_to_target", "seconds_to_target_excl_compile"):
+                # a reference that never reached the target gives no ratio (x / inf would read 0)
                 ratios = [s[key] / reference[s["seed"]][key] for s in entry["per_seed"]
-                          if s["seed"] in reference and reference[s["seed"]][key] > 0]
+                          if s["seed"] in reference and 0 < reference[s["seed"]][key] < math.inf]
                 entry[key + suffix] = _stats(ratios)
     return {"grid": grid, "best": best, "targets": {str(k): v for k, v in targets.items()}, "anchor": anchor}
 

@@ -154,23 +154,25 @@ def schedule_of(optimizer, period):
             "thor": Schedule(period, period, THOR_SPLIT_DIM), "spngd": Schedule(None, None)}[optimizer]
 
 
-def build_cell(model_name, optimizer, period, seed=0):
-    """``(training cell, optimizer)`` for one model and one optimizer kind."""
+def build_cell(model_name, optimizer, period, seed=0, kl_clip=None):
+    """``(training cell, optimizer)`` for one model and one optimizer kind (``kl_clip``: given to every
+    natural-gradient optimizer; None keeps each one's default: K-FAC and SP-NGD 1e-3, THOR none)."""
     from mindspore_ngd import KFAC, SPNGD, THOR
     ms.set_seed(seed)
     net = MODELS[model_name][0]()
+    common = {"learning_rate": 0.01, "damping": 1e-2, "verbose": False}
+    if kl_clip is not None:
+        common["kl_clip"] = kl_clip
     if optimizer == "momentum":
         opt = nn.Momentum(net.trainable_params(), learning_rate=0.01, momentum=0.9)
     elif optimizer == "kfac":
-        opt = KFAC(net, learning_rate=0.01, damping=1e-2, factor_update_interval=1,
-                   inverse_update_interval=period, verbose=False)
+        opt = KFAC(net, factor_update_interval=1, inverse_update_interval=period, **common)
     elif optimizer == "kfac-P/P":
-        opt = KFAC(net, learning_rate=0.01, damping=1e-2, factor_update_interval=period,
-                   inverse_update_interval=period, verbose=False)
+        opt = KFAC(net, factor_update_interval=period, inverse_update_interval=period, **common)
     elif optimizer == "spngd":
-        opt = SPNGD(net, learning_rate=0.01, damping=1e-2, verbose=False)
+        opt = SPNGD(net, **common)
     elif optimizer == "thor":
-        opt = THOR(net, learning_rate=0.01, damping=1e-2, frequency=period, verbose=False)
+        opt = THOR(net, frequency=period, **common)
     else:
         raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {OPTIMIZERS}")
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
@@ -434,12 +436,12 @@ def _batches(model_name, count=DATA_BATCHES, batch=None):
 
 
 def bench_model(model_name, optimizers, rounds, period, spngd_warmup, timer, data_batches=DATA_BATCHES,
-                batch=None):
+                batch=None, kl_clip=None):
     batch = batch or MODELS[model_name][2]
     data = _batches(model_name, data_batches, batch)
     cells, opts, compile_s, steps_done = {}, {}, {}, {}
     for kind in optimizers:
-        cells[kind], opts[kind] = build_cell(model_name, kind, period)
+        cells[kind], opts[kind] = build_cell(model_name, kind, period, kl_clip=kl_clip)
         start = time.perf_counter()
         cells[kind](*data[0]).asnumpy()                   # compile + step 0
         compile_s[kind] = time.perf_counter() - start
@@ -675,6 +677,10 @@ def main(argv=None):
                         help="extra SP-NGD warm-up steps before timing (its intervals start at 1)")
     parser.add_argument("--data-batches", type=int, default=DATA_BATCHES,
                         help="distinct synthetic batches, cycled (1: one fixed batch, SP-NGD's statistics settle)")
+    parser.add_argument("--kl-clip", type=float, default=None,
+                        help="kl_clip of every natural-gradient optimizer (default: each one's own, K-FAC and SP-NGD "
+                             "1e-3, THOR none; e.g. 1e-3 where THOR diverges on the random labels, as on the "
+                             "Fashion-MNIST MLP)")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per standalone kernel (median)")
     parser.add_argument("--compile", action="store_true", help="measure the model zoo's cpu_smoke compile time instead")
     parser.add_argument("--compile-steps", type=int, default=5, help="later steps timed after the first call")
@@ -722,7 +728,7 @@ def main(argv=None):
     for model_name, batch in itertools.product(models, batches):
         batch = batch or MODELS[model_name][2]
         model_rows, model_layers = bench_model(model_name, optimizers, args.rounds, args.period,
-                                               args.spngd_warmup, timer, args.data_batches, batch)
+                                               args.spngd_warmup, timer, args.data_batches, batch, args.kl_clip)
         rows += model_rows
         layers[f"{model_name} (batch {batch})"] = model_layers
         for kind, entry in model_layers.items():
@@ -735,7 +741,7 @@ def main(argv=None):
         # saved after every model (a long run keeps what it has measured), the same file each time
         path = save_results(args.out, f"cost_model_p{args.period}", {
             "rounds": args.rounds, "period": args.period, "spngd_warmup": args.spngd_warmup,
-            "repeats": args.repeats, "data_batches": args.data_batches,
+            "repeats": args.repeats, "data_batches": args.data_batches, "kl_clip": args.kl_clip,
             "inverse_flops_per_cube": INVERSE_FLOPS_PER_CUBE, "kernel_overhead_s": timer.overhead,
             "models_done": list(layers), "rows": rows, "layers": layers,
             "markdown": "\n\n".join(texts + [summary, floors])})

@@ -142,6 +142,20 @@ def test_fixed_target_race_picks_the_fastest_point_and_compares_with_the_better_
     assert "test accuracy 0.95 (fixed" in text and "Momentum and Adam on this task (adam)" in text
 
 
+def test_a_reference_that_never_reaches_the_target_gives_no_ratio():
+    task = convergence.with_target(TASKS["digits-cnn-b512"], 0.9)
+    runs = [_run("momentum", 0.1, None, 0, (0.5, 0.6, 0.7)), _run("adam", 0.01, None, 0, (0.8, 0.95)),
+            _run("thor", 0.1, 1e-2, 0, (0.95,))]
+    best = convergence.summarize(task, runs)["best"]
+    # Momentum never reached 0.9: no "x Momentum" ratio (it read 0.00 when x / inf was taken)
+    assert math.isnan(best["thor"]["epochs_to_target_vs_momentum"]["median"])
+    assert math.isnan(best["thor"]["seconds_to_target_excl_compile_vs_momentum"]["median"])
+    assert best["thor"]["epochs_to_target_vs_anchor"]["median"] == 0.5          # Adam is the anchor
+    row = next(line for line in convergence.markdown(task, convergence.summarize(task, runs), seeds=1,
+                                                     epochs=3).splitlines() if line.startswith("| thor |"))
+    assert "0.00" not in row and "| 0.50 |" in row
+
+
 def test_target_option_races_to_the_given_accuracy_and_the_saved_race_rebuilds_with_it(tmp_path):
     task = convergence.with_target(TASKS["digits-cnn-b512"], 0.88)
     assert (task.target, task.target_rule, TASKS["digits-cnn-b512"].target) == (0.88, "fixed", 0.95)
