@@ -367,11 +367,13 @@ def summarize(task, runs):
     def score(row):
         """Best metric first; ties (common: one test image is 1/360 on digits) go to the grid point
         with the better metric averaged over the epochs, i.e. the one that got there sooner. With a
-        fixed target: the most seeds reaching it, then the fewest median training seconds to it."""
-        if task.target is not None:
-            return (row["reached"], -row["seconds_to_target"]["median"])
+        fixed target: the most seeds reaching it, then the fewest median training seconds to it, then
+        (no point reached it) the best metric, as without a target."""
         values = (row["best_metric"]["median"], row["mean_metric"]["median"])
-        return tuple(-math.inf if math.isnan(v) else sign * v for v in values)
+        metric = tuple(-math.inf if math.isnan(v) else sign * v for v in values)
+        if task.target is not None:
+            return (row["reached"], -row["seconds_to_target"]["median"]) + metric
+        return metric
 
     chosen = {}
     for row in grid:

@@ -154,6 +154,10 @@ def test_a_reference_that_never_reaches_the_target_gives_no_ratio():
     row = next(line for line in convergence.markdown(task, convergence.summarize(task, runs), seeds=1,
                                                      epochs=3).splitlines() if line.startswith("| thor |"))
     assert "0.00" not in row and "| 0.50 |" in row
+    # of Momentum's points, none reaching the target, the one that came closest is chosen (the first
+    # of the grid was, when the tie on "reached" and "seconds" decided)
+    runs.append(_run("momentum", 0.3, None, 0, (0.6, 0.85, 0.8)))
+    assert convergence.summarize(task, runs)["best"]["momentum"]["lr"] == 0.3
 
 
 def test_target_option_races_to_the_given_accuracy_and_the_saved_race_rebuilds_with_it(tmp_path):
