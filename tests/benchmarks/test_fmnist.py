@@ -164,7 +164,7 @@ def test_deepobs_networks(build, widths):
 
 def test_new_tasks_and_their_learning_rate_grids():
     for name, batch in (("fmnist-mlp", 128), ("fmnist-2c2d", 128), ("fmnist-mlp-b1024", 1024),
-                        ("fmnist-mlp-b4096", 4096), ("digits-cnn-b512", 512)):
+                        ("fmnist-mlp-b2048", 2048), ("fmnist-mlp-b4096", 4096), ("digits-cnn-b512", 512)):
         task = TASKS[name]
         assert task.batch_size == batch and task.kind == "classification"
         assert 1 <= task.quick_epochs < task.epochs
