@@ -435,9 +435,8 @@ def _batches(model_name, count=DATA_BATCHES, batch=None):
              Tensor(rng.integers(0, 10, batch).astype(np.int32))) for _ in range(count)]
 
 
-def bench_model(model_name, optimizers, rounds, period, spngd_warmup, timer, data_batches=DATA_BATCHES,
-                batch=None, kl_clip=None):
-    batch = batch or MODELS[model_name][2]
+def bench_model(model_name, batch, optimizers, rounds, period, spngd_warmup, timer, data_batches=DATA_BATCHES,
+                kl_clip=None):
     data = _batches(model_name, data_batches, batch)
     cells, opts, compile_s, steps_done = {}, {}, {}, {}
     for kind in optimizers:
@@ -727,8 +726,8 @@ def main(argv=None):
     rows, layers, texts, path = [], {}, [], None
     for model_name, batch in itertools.product(models, batches):
         batch = batch or MODELS[model_name][2]
-        model_rows, model_layers = bench_model(model_name, optimizers, args.rounds, args.period,
-                                               args.spngd_warmup, timer, args.data_batches, batch, args.kl_clip)
+        model_rows, model_layers = bench_model(model_name, batch, optimizers, args.rounds, args.period,
+                                               args.spngd_warmup, timer, args.data_batches, args.kl_clip)
         rows += model_rows
         layers[f"{model_name} (batch {batch})"] = model_layers
         for kind, entry in model_layers.items():
