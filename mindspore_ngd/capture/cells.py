@@ -4,6 +4,7 @@ import numpy as np
 
 from mindspore import mint, nn, ops, Parameter, Tensor
 
+from .._graph import corner
 from ..curvature import factors
 from .discover import _ATTR
 
@@ -34,7 +35,7 @@ def _unseen(dim):
 
 def never_captured(batch):
     """Whether a batch buffer still holds its initial ``UNSEEN`` mark (a graph-mode bool scalar)."""
-    return batch[0, 0] < 0
+    return corner(batch) < 0
 
 
 class LayerCapture(nn.Cell):

@@ -87,7 +87,7 @@ class CaptureControl(nn.Cell):
         """Per-statistic flags for the next step: a bool vector or tuple in statistic order."""
         for i in range(self.statistics):
             ops.assign(self.flags[i], due[i])
-        ops.assign(self.capturing, (ops.stack(due) if isinstance(due, tuple) else due).any())
+        ops.assign(self.capturing, ops.any(ops.stack(due) if isinstance(due, tuple) else due))
 
     def upgrade(self, param_dict):
         """``param_dict`` with ``{prefix}.capturing`` added when a checkpoint written before it existed

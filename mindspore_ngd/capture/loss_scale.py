@@ -64,12 +64,12 @@ class LossScaleProbe(nn.Cell):
         followed by BatchNorm) or the ratio is not a positive finite number; the caller then keeps the
         last measured scale."""
         bias = ops.cast(gradients[self.bias_index], ms.float32).reshape(-1)
-        power = (bias * bias).sum()
-        cross = (probe * bias).sum()
+        power = ops.reduce_sum(bias * bias)
+        cross = ops.reduce_sum(probe * bias)
         usable = ops.logical_and(power > 0, ops.isfinite(power))
         scale = cross / ops.select(usable, power, ops.ones_like(power))
         residual = probe - scale * bias
-        parallel = (residual * residual).sum() <= _PARALLEL_TOLERANCE ** 2 * (probe * probe).sum()
+        parallel = ops.reduce_sum(residual * residual) <= _PARALLEL_TOLERANCE ** 2 * ops.reduce_sum(probe * probe)
         usable = ops.logical_and(usable, parallel)
         ratio = scale / self.loss_scale
         positive = ratio > 0

@@ -39,6 +39,8 @@ import math
 import mindspore as ms
 from mindspore import ops
 
+from .._graph import leading
+
 __all__ = ["kept_rows", "kept_examples", "output_sum", "dense_input_factor", "dense_output_factor",
            "conv_input_factor", "conv_output_factor", "conv_patches", "same_padding", "dense_input_trace",
            "conv_input_trace", "output_trace",
@@ -67,7 +69,7 @@ def kept_examples(x, fraction):
     kept = kept_rows(rows, fraction)
     if kept == rows:
         return x, rows
-    return x[:kept], kept
+    return leading(x, kept), kept
 
 
 def dense_input_factor(x, has_bias, fraction=1.0):
@@ -101,7 +103,7 @@ def same_padding(size, kernel, stride, dilation):
 def dense_input_trace(x, has_bias):
     """trace(A) of a Dense layer without forming A: mean squared row norm (+1 with a bias)."""
     x = ops.cast(x, ms.float32)
-    trace = (x * x).sum() / x.shape[0]
+    trace = ops.reduce_sum(x * x) / x.shape[0]
     return trace + 1.0 if has_bias else trace
 
 
@@ -115,7 +117,7 @@ def output_sum(dy, conv):
 def output_trace(dy, g_scale, conv):
     """trace(G) without forming G: ``rows * sum dy^2`` (Dense) or ``(B / T) * sum dy^2`` (Conv2d)."""
     dy = ops.cast(dy, ms.float32)
-    total = (dy * dy).sum() * g_scale
+    total = ops.reduce_sum(dy * dy) * g_scale
     if conv:
         return total * (dy.shape[0] / (dy.shape[2] * dy.shape[3]))
     return total * dy.shape[0]
@@ -130,7 +132,7 @@ def conv_input_trace(x, kernel_size, stride, dilation, pad_mode, padding, has_bi
     x = _padded(ops.cast(x, ms.float32), kernel_size, stride, dilation, pad_mode, padding)
     ones = ops.ones((1, x.shape[1], kernel_size[0], kernel_size[1]), ms.float32)
     sums = ops.conv2d(x * x, ones, None, stride, "valid", 0, dilation)
-    trace = sums.sum() / x.shape[0]
+    trace = ops.reduce_sum(sums) / x.shape[0]
     if has_bias:
         trace = trace + sums.shape[2] * sums.shape[3]
     return trace

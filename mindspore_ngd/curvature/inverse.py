@@ -30,6 +30,8 @@ import mindspore as ms
 from mindspore import ops
 import mindspore.scipy.linalg as msla
 
+from .._graph import outer, transposed
+
 __all__ = ["INVERSE_METHODS", "INVERSE_METHOD_CHOICES", "DEVICE_INVERSE_METHODS", "DAMPING_SPLITS",
            "NEWTON_STEPS", "NEWTON_TOLERANCE", "resolve_inverse_method", "sanitize", "split_damping",
            "trace_jitter", "damped_inverse", "newton_inverse"]
@@ -88,10 +90,10 @@ def sanitize(m):
     """
     n = m.shape[0]
     diag = ops.diagonal(m)
-    finite = ops.isfinite(m).all()
-    bound = ops.sqrt(ops.relu(ops.outer(diag, diag))) * (1.0 + _CS_RELATIVE_SLACK)
+    finite = ops.all(ops.isfinite(m))
+    bound = ops.sqrt(ops.relu(outer(diag, diag))) * (1.0 + _CS_RELATIVE_SLACK)
     tiny = 1e-7 * ops.reduce_max(ops.abs(diag)) + 1e-30
-    plausible = ops.logical_and((diag >= 0).all(), (ops.abs(m) <= bound + tiny).all())
+    plausible = ops.logical_and(ops.all(diag >= 0), ops.all(ops.abs(m) <= bound + tiny))
     valid = ops.logical_and(finite, plausible)
     safe = ops.select(ops.broadcast_to(valid, m.shape), m, ops.eye(n, n, ms.float32))
     return safe, valid
@@ -119,10 +121,6 @@ def split_damping(a, g, damping, split):
 def trace_jitter(m, jitter):
     """``jitter * relu(tr(m))`` of the FULL (D, D) factor: the extra shift of every block."""
     return jitter * ops.relu(_trace(m))
-
-
-def _transposed(x):
-    return x.swapaxes(-1, -2)
 
 
 def _matmul(a, b):
@@ -225,8 +223,8 @@ def newton_inverse(sym, total, warm=None, trust_warm=None, steps=None, tolerance
         if k < steps - 1:
             r = _matmul(m, x)
     last = _frobenius(eye - r)
-    converged = ops.logical_and(ops.isfinite(last).all(), (last < tolerance).all())
-    return (x + _transposed(x)) * 0.5, converged, warm_used
+    converged = ops.logical_and(ops.all(ops.isfinite(last)), ops.all(last < tolerance))
+    return (x + transposed(x)) * 0.5, converged, warm_used
 
 
 def damped_inverse(blocks, shift, method, jitter_shift, warm=None, trust_warm=None):
@@ -243,7 +241,7 @@ def damped_inverse(blocks, shift, method, jitter_shift, warm=None, trust_warm=No
     """
     if method not in INVERSE_METHODS:
         raise ValueError(f"unknown inverse method {method!r}; expected one of {INVERSE_METHODS}")
-    sym = (blocks + _transposed(blocks)) * 0.5
+    sym = (blocks + transposed(blocks)) * 0.5
     total = shift + jitter_shift
     failed = ops.zeros((), ms.bool_)
     if blocks.shape[-1] == 1:           # scalar blocks (a one-output layer's G): MatrixInverse rejects 1x1
@@ -251,15 +249,15 @@ def damped_inverse(blocks, shift, method, jitter_shift, warm=None, trust_warm=No
     elif method == "cholesky":
         eye = _identity_like(blocks)
         low_inv = msla.solve_triangular(ops.cholesky(sym + total * eye), eye, lower=True)
-        inv = _matmul(_transposed(low_inv), low_inv)
+        inv = _matmul(transposed(low_inv), low_inv)
     elif method == "lu":
         inv = ops.MatrixInverse()(sym + total * _identity_like(blocks))
-        inv = (inv + _transposed(inv)) * 0.5
+        inv = (inv + transposed(inv)) * 0.5
     elif method == "newton":
         usable = warm is not None and tuple(warm.shape) == tuple(blocks.shape)
         inv, converged, _ = newton_inverse(sym, total, warm if usable else None, trust_warm)
         failed = ops.logical_not(converged)
     else:
         inv, failed = _eigh_inverse(sym, total)
-    ok = ops.logical_and(ops.isfinite(inv).all(), (ops.diagonal(inv, 0, -2, -1) > 0).all())
+    ok = ops.logical_and(ops.all(ops.isfinite(inv)), ops.all(ops.diagonal(inv, 0, -2, -1) > 0))
     return inv, ops.logical_and(ok, ops.logical_not(failed))

@@ -20,6 +20,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
+from .._graph import columns as matrix_columns
 from ..capture import LayerCapture, never_captured
 from . import inverse as inv_ops
 from .blocks import BlockLayout, apply_left, apply_right, to_blocks
@@ -33,9 +34,9 @@ def matrix_part(matrix, is_bias, has_bias, shape, dtype):
     last column, as :meth:`KroneckerBlock.gradient` builds it), shaped and typed like the parameter."""
     columns = matrix.shape[1]
     if is_bias:
-        part = ops.narrow(matrix, 1, columns - 1, 1)
+        part = matrix_columns(matrix, columns - 1, 1)
     elif has_bias:
-        part = ops.narrow(matrix, 1, 0, columns - 1)
+        part = matrix_columns(matrix, 0, columns - 1)
     else:
         part = matrix
     return ops.cast(part.reshape(shape), dtype)

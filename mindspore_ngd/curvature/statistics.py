@@ -12,10 +12,10 @@ __all__ = ["relative_change", "fold_statistic"]
 def relative_change(new, old):
     """``|new - old|_F / |old|_F`` (for scalars ``|new - old| / |old|``); +inf when ``old`` is zero,
     i.e. there is nothing to compare with (a first capture)."""
-    old_norm = (old * old).sum()
+    old_norm = ops.reduce_sum(old * old)
     diff = new - old
     has_old = old_norm > 0
-    change = ops.sqrt((diff * diff).sum() / ops.select(has_old, old_norm, ops.ones_like(old_norm)))
+    change = ops.sqrt(ops.reduce_sum(diff * diff) / ops.select(has_old, old_norm, ops.ones_like(old_norm)))
     return ops.select(has_old, change, ops.fill(ms.float32, (), float("inf")))
 
 
@@ -28,7 +28,7 @@ def fold_statistic(average, updates, batch, captured, decay, track_changes):
     :func:`relative_change` of the new value against the old one if the batch was taken and -1 if not
     (None unless ``track_changes``).
     """
-    finite = ops.isfinite(batch).all()
+    finite = ops.all(ops.isfinite(batch))
     take = ops.logical_and(captured, finite)
     blended = decay * average + (1.0 - decay) * batch
     blended = ops.select(ops.broadcast_to(updates == 0, average.shape), batch, blended)

@@ -36,6 +36,7 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
 from .. import _validate
+from .._graph import columns as matrix_columns
 from ..capture import CaptureControl, attach
 from ..capture.loss_scale import LossScaleProbe, reference_layer
 from ..curvature.counters import LayerCounters
@@ -227,7 +228,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         lr = self.get_lr()
         step = self.global_step.reshape(())
         flat = flat_gradients(gradients)
-        finite = self._watch(gradients, ops.isfinite(flat).all(), step, self.demoted_unreported)
+        finite = self._watch(gradients, ops.all(ops.isfinite(flat)), step, self.demoted_unreported)
         token, boost = self._adapt(gradients, flat, finite)
         finite = ops.depend(finite, token)
 
@@ -381,7 +382,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
                 g_changes += (outcome[5],)
         counts = (a_counts + ops.cast(ops.stack(took_a) > 0.5, ms.int32),
                   g_counts + ops.cast(ops.stack(took_g) > 0.5, ms.int32), demoted)
-        faults = state[2] + ops.cast(ops.stack(rejected).sum() + 0.5, ms.int32)
+        faults = state[2] + ops.cast(ops.reduce_sum(ops.stack(rejected)) + 0.5, ms.int32)
         changes = ops.stack(a_changes + g_changes) if track else -ops.ones((1,), ms.float32)
         if not self.num_norms:
             return (folded, counts, faults), refreshed, changes, scale
@@ -480,7 +481,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         demoted = factors[1][2]
         dots, norm_dots = (), ()
         for k in range(self.num_layers):
-            dots += ((matrices[k] * self.blocks[k].gradient(gradients)).sum(),)
+            dots += (ops.reduce_sum(matrices[k] * self.blocks[k].gradient(gradients)),)
         pairs = ()
         if self.num_norms:
             known = ops.unstack(factors[4] > 0)
@@ -489,7 +490,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
                 grads = block.gradients(gradients)
                 pair = block.precondition(factors[3][j], known[j], grads, self.policy.batchnorm_damping)
                 pairs += (pair,)
-                norm_dots += ((pair[0] * grads[0]).sum() + (pair[1] * grads[1]).sum(),)
+                norm_dots += (ops.reduce_sum(pair[0] * grads[0]) + ops.reduce_sum(pair[1] * grads[1]),)
         if self.policy.kl_clip is None:
             return matrices, pairs
         if self.is_group_lr:
@@ -520,13 +521,14 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
             if block.bias_index >= 0:
                 columns = product.shape[1]
                 lr_b = self._lr_of(lr, block.bias_index)
-                terms += (ops.narrow(product, 1, 0, columns - 1).sum() * lr_w * lr_w,
-                          ops.narrow(product, 1, columns - 1, 1).sum() * lr_b * lr_b)
+                terms += (ops.reduce_sum(matrix_columns(product, 0, columns - 1)) * lr_w * lr_w,
+                          ops.reduce_sum(matrix_columns(product, columns - 1, 1)) * lr_b * lr_b)
             else:
-                terms += (product.sum() * lr_w * lr_w,)
+                terms += (ops.reduce_sum(product) * lr_w * lr_w,)
         for j in range(self.num_norms):
             block = self.norm_blocks[j]
             grads = block.gradients(gradients)
             lr_g, lr_b = self._lr_of(lr, block.gamma_index), self._lr_of(lr, block.beta_index)
-            terms += ((pairs[j][0] * grads[0]).sum() * lr_g * lr_g, (pairs[j][1] * grads[1]).sum() * lr_b * lr_b)
+            terms += (ops.reduce_sum(pairs[j][0] * grads[0]) * lr_g * lr_g,
+                      ops.reduce_sum(pairs[j][1] * grads[1]) * lr_b * lr_b)
         return ops.addn(terms)

@@ -58,6 +58,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import ops, Parameter, Tensor
 
+from .._graph import first
 from .update import dots_after, flat_after, parameter_rates
 
 __all__ = ["Guard", "DIVERGED", "BOOST_UP", "BOOST_DOWN", "is_divergence", "refuse_compile_cache"]
@@ -150,7 +151,7 @@ class Guard:
         checkpoint into the compiled graph (measured, MindSpore 2.10)."""
         run = ops.select(finite, ops.zeros((), ms.int32), self.nonfinite_run + 1)
         ops.assign(self.nonfinite_run, run)
-        if ops.logical_or(ops.logical_not(finite), demoted.any()):
+        if ops.logical_or(ops.logical_not(finite), ops.any(demoted)):
             _alert(self._guard_name, finite, step, run, self.skipped_steps + 1, demoted, self._report_invisible)
             if run >= self.divergence_patience:
                 raise RuntimeError(
@@ -191,7 +192,7 @@ class Guard:
         if self.is_group_lr:                                                          # g_{t+1}' delta_t
             slope_next = -self._group_dot(gradients, self.step_lr, finite)
         else:
-            slope_next = -(flat * self.kept_moments).sum() * self.step_lr[0]
+            slope_next = -ops.reduce_sum(flat * self.kept_moments) * first(self.step_lr)
         slope = self.step_slope
         usable = ops.logical_and(ops.logical_and(finite, slope < 0), ops.isfinite(slope_next))
         decay = self.ratio_decay
@@ -221,7 +222,7 @@ class Guard:
                 # v_{t+1}, read once after the update and kept for the next step's _adapt
                 moments = flat_after(self.moments, token)
                 ops.assign(self.kept_moments, moments)
-                slope = -(flat * moments).sum() * rates[0]
+                slope = -ops.reduce_sum(flat * moments) * first(rates)
             ops.assign(self.step_slope, ops.select(finite, slope, ops.zeros_like(slope)))
             ops.assign(self.step_lr, rates)
         return token
@@ -231,4 +232,4 @@ class Guard:
         ``token``: one dot product per parameter, for parameter groups (one learning rate per
         parameter). With one learning rate it is one dot product of the concatenated vectors, in
         :meth:`_adapt` and :meth:`_remember_step`."""
-        return (rates * dots_after(gradients, self.moments, token)).sum()
+        return ops.reduce_sum(rates * dots_after(gradients, self.moments, token))

@@ -69,7 +69,7 @@ _dot_after = C.MultitypeFuncGraph("ngd_dot_after")
 
 @_dot_after.register("Tensor", "Tensor", "Tensor")
 def _dot_after_tensor(token, grad, moment):
-    return (ops.cast(grad, ms.float32) * ops.cast(ops.depend(moment, token), ms.float32)).sum()
+    return ops.reduce_sum(ops.cast(grad, ms.float32) * ops.cast(ops.depend(moment, token), ms.float32))
 
 
 def dots_after(gradients, moments, after):

@@ -215,7 +215,7 @@ class _RuleCell(nn.Cell):
         return refreshed
 
     def inverse_due(self, step, refreshed):
-        return ops.stack(refreshed).any()
+        return ops.any(ops.stack(refreshed))
 
     def counters(self):
         return {}
@@ -327,7 +327,7 @@ class _GrowingCell(_RuleCell):
                 trace = ops.depend(block.batch_trace(which), token)
                 batch += (trace * self.control.g_correction() if which else trace,)
                 stored += (ops.trace(block.factor(which)) if block.owned else zero,)
-        total = self.exchange.share_traces(ops.stack(batch + stored))
+        total = ops.unstack(self.exchange.share_traces(ops.stack(batch + stored)))
         moved = ()
         for i in range(2 * layers):
             change = relative_change(total[i] / self.exchange.world_size,
