@@ -1,0 +1,27 @@
+"""The single-primitive idioms of ``mindspore_ngd._graph`` give exactly the values of the indexing,
+``swapaxes``, ``ops.outer`` and ``ops.narrow`` forms they replace, in graph mode."""
+import numpy as np
+
+import mindspore as ms
+from mindspore import nn, Tensor
+
+from mindspore_ngd import _graph
+
+
+class _Idioms(nn.Cell):
+    def construct(self, v, m, b):
+        return (_graph.first(v), _graph.corner(m), _graph.leading(v, 3), _graph.leading(m, 2, 3),
+                _graph.transposed(m), _graph.transposed(b), _graph.columns(m, 1, 2), _graph.outer(v, v))
+
+
+def test_idioms_match_numpy_indexing_in_graph_mode():
+    ms.set_context(mode=ms.GRAPH_MODE)
+    rng = np.random.default_rng(0)
+    v = rng.standard_normal(5).astype(np.float32)
+    m = rng.standard_normal((4, 5)).astype(np.float32)
+    b = rng.standard_normal((3, 2, 4)).astype(np.float32)
+    got = [x.asnumpy() for x in _Idioms()(Tensor(v), Tensor(m), Tensor(b))]
+    expected = [v[0], m[0, 0], v[:3], m[:2, :3], m.T, b.swapaxes(-1, -2), m[:, 1:3], np.outer(v, v)]
+    for value, ref in zip(got, expected):
+        assert value.shape == np.shape(ref)
+        np.testing.assert_array_equal(value, ref)
