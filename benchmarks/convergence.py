@@ -588,7 +588,8 @@ def parse_args(argv=None):
                         help=f"comma-separated tasks among {', '.join(TASKS)}, or all (default digits-cnn)")
     parser.add_argument("--optimizers", default=",".join(n for n in available_optimizers() if n in DEFAULT_OPTIMIZERS),
                         help=f"comma-separated among {', '.join(OPTIMIZERS)}; must include momentum "
-                             "(its result is the target). Default: all available")
+                             "(its result is the target) unless every task has a fixed target. "
+                             "Default: all available")
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds 0..N-1 (default 3; 1 with --quick)")
     parser.add_argument("--epochs", type=int, default=None, help="epoch budget (default: the task's)")
     parser.add_argument("--grid", choices=("full", "single", "tuned"), default=None,
@@ -621,8 +622,10 @@ def parse_args(argv=None):
         parser.error(f"--optimizers: {', '.join(missing)} needs mindspore_ngd."
                      f"{OPTIMIZERS[missing[0]].requires}, which this installation of mindspore_ngd "
                      f"does not have; available: {', '.join(available_optimizers())}")
-    if "momentum" not in args.optimizer_names:
-        parser.error("--optimizers must include momentum: its best result is the target")
+    open_targets = [name for name in args.tasks if args.target is None and TASKS[name].target is None]
+    if "momentum" not in args.optimizer_names and open_targets:
+        parser.error(f"--optimizers must include momentum: its best result is the target of "
+                     f"{', '.join(open_targets)} (tasks with a fixed target, or --target, do without it)")
     _positive(parser, "--seeds", args.seeds)
     _positive(parser, "--epochs", args.epochs)
     for name in args.tasks:

@@ -142,6 +142,20 @@ def test_fixed_target_race_picks_the_fastest_point_and_compares_with_the_better_
     assert "test accuracy 0.95 (fixed" in text and "Momentum and Adam on this task (adam)" in text
 
 
+def test_fixed_target_race_without_momentum_compares_with_adam():
+    task = TASKS["digits-cnn-b512"]
+    runs = []
+    for seed in range(2):
+        runs += [_run("adam", 0.01, None, seed, (0.9, 0.96), seconds=1.5),
+                 _run("kfac", 0.1, 1e-2, seed, (0.99,), seconds=1.2, compile_s=9.0)]
+    summary = convergence.summarize(task, runs)
+    assert summary["anchor"] == "adam" and "momentum" not in summary["best"]
+    assert summary["best"]["kfac"]["epochs_to_target_vs_anchor"]["median"] == 0.5
+    assert "epochs_to_target_vs_momentum" not in summary["best"]["kfac"]
+    text = convergence.markdown(task, summary, seeds=2, epochs=60)
+    assert "| kfac | 0.1, 0.01 |" in text
+
+
 def test_a_reference_that_never_reaches_the_target_gives_no_ratio():
     task = convergence.with_target(TASKS["digits-cnn-b512"], 0.9)
     runs = [_run("momentum", 0.1, None, 0, (0.5, 0.6, 0.7)), _run("adam", 0.01, None, 0, (0.8, 0.95)),
@@ -218,7 +232,8 @@ def test_summary_autoencoder_target_is_final_training_loss_and_unreached_is_inf(
 @pytest.mark.parametrize("argv, words", [
     (["--task", "cifar"], ["--task", "'cifar'", "digits-cnn", "digits-autoencoder"]),
     (["--optimizers", "momentum,lbfgs"], ["--optimizers", "'lbfgs'", "kfac", "thor"]),
-    (["--optimizers", "kfac,thor"], ["--optimizers", "momentum"]),
+    (["--optimizers", "kfac,thor"], ["--optimizers", "momentum", "digits-cnn"]),
+    (["--optimizers", "adam,thor", "--task", "fmnist-mlp-b2048,digits-cnn"], ["--optimizers", "momentum", "digits-cnn"]),
     (["--optimizers", "momentum,momentum"], ["--optimizers", "repeat"]),
     (["--seeds", "0"], ["--seeds", ">= 1"]),
     (["--epochs", "0"], ["--epochs", ">= 1"]),
@@ -233,6 +248,12 @@ def test_cli_rejects_bad_arguments_naming_them(argv, words, capsys):
     err = capsys.readouterr().err
     for word in words:
         assert word in err, (word, err)
+
+
+@pytest.mark.parametrize("argv", [["--task", "fmnist-mlp-b2048"], ["--task", "digits-cnn", "--target", "0.9"]])
+def test_a_race_to_a_fixed_target_runs_without_momentum(argv):
+    args = convergence.parse_args(argv + ["--optimizers", "adam,thor", "--no-plots"])
+    assert args.optimizer_names == ["adam", "thor"]
 
 
 def test_spngd_is_registered_and_needs_the_optimizer(capsys):
