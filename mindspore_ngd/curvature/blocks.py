@@ -45,7 +45,7 @@ import dataclasses
 
 from mindspore import ops
 
-from .._graph import columns, leading
+from .._graph import top_left
 
 __all__ = ["BlockLayout", "to_blocks", "from_blocks", "apply_right", "apply_left"]
 
@@ -125,7 +125,7 @@ def from_blocks(blocks, layout):
         return blocks
     mask = ops.eye(nb, nb, blocks.dtype).reshape(nb, 1, nb, 1)
     full = (ops.expand_dims(blocks, 2) * mask).reshape(layout.padded, layout.padded)
-    return leading(full, dim, dim)
+    return top_left(full, dim, dim)
 
 
 def apply_right(matrix, inv_blocks, layout):
@@ -143,7 +143,7 @@ def apply_right(matrix, inv_blocks, layout):
     grouped = matrix.reshape(rows, nb, s).transpose(1, 0, 2)           # (nb, rows, s)
     out = ops.bmm(grouped, inv_blocks).transpose(1, 0, 2)               # (rows, nb, s)
     out = out.reshape(rows, layout.padded)
-    return columns(out, 0, dim) if layout.pad else out
+    return top_left(out, rows, dim) if layout.pad else out
 
 
 def apply_left(inv_blocks, matrix, layout):
@@ -159,4 +159,4 @@ def apply_left(inv_blocks, matrix, layout):
     if layout.pad:
         matrix = ops.concat((matrix, ops.zeros((layout.pad, cols), matrix.dtype)), axis=0)
     out = ops.bmm(inv_blocks, matrix.reshape(nb, s, cols)).reshape(layout.padded, cols)
-    return leading(out, dim) if layout.pad else out
+    return top_left(out, dim, cols) if layout.pad else out

@@ -39,7 +39,6 @@ import math
 import mindspore as ms
 from mindspore import ops
 
-from .._graph import leading
 
 __all__ = ["kept_rows", "kept_examples", "output_sum", "dense_input_factor", "dense_output_factor",
            "conv_input_factor", "conv_output_factor", "conv_patches", "same_padding", "dense_input_trace",
@@ -69,7 +68,7 @@ def kept_examples(x, fraction):
     kept = kept_rows(rows, fraction)
     if kept == rows:
         return x, rows
-    return leading(x, kept), kept
+    return x[:kept], kept
 
 
 def dense_input_factor(x, has_bias, fraction=1.0):
