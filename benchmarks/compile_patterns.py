@@ -36,7 +36,8 @@ import time
 PATTERNS = ("tuple +=", "list.append", "comprehension", "HyperMap")
 # (indexing or method form, single-primitive form) of each idiom
 IDIOMS = (("m[0, 0]", "corner(m)"), ("m[:2, :2]", "top_left(m, 2, 2)"), ("m[:, 1:2]", "columns(m, 1, 1)"),
-          ("m.swapaxes(-1, -2)", "transposed(m)"), ("m.sum()", "ops.reduce_sum(m)"), ("m[:2]", "Slice(m, (0, 0), (2, cols))"))
+          ("m.swapaxes(-1, -2)", "transposed(m)"), ("m.sum()", "ops.reduce_sum(m)"),
+          ("m[:2]", "Slice(m, (0, 0), (2, cols))"))
 FAMILIES = {"pass": PATTERNS, "idioms": tuple(form for pair in IDIOMS for form in pair)}
 
 
@@ -48,6 +49,7 @@ def _idiom_call(form, size):
     from mindspore_ngd._graph import columns, corner, top_left, transposed
 
     ms.set_context(mode=ms.GRAPH_MODE)
+
     def indexed_corner(m):
         return m[0, 0]
 
@@ -162,10 +164,9 @@ def measure(sizes, family="pass"):
 
 def markdown(rows, family="pass"):
     sizes = sorted({r["size"] for r in rows})
-    head = "| pass written as | " + " | ".join(f"{n} tensors, s" for n in sizes) + " |"
-    if family == "idioms":
-        head = "| idiom written as | " + " | ".join(f"{n} call sites, s" for n in sizes) + " |"
-    lines = [head, "|---|" + "---|" * len(sizes)]
+    label, unit = ("idiom", "call sites") if family == "idioms" else ("pass", "tensors")
+    lines = [f"| {label} written as | " + " | ".join(f"{n} {unit}, s" for n in sizes) + " |",
+             "|---|" + "---|" * len(sizes)]
     for pattern in FAMILIES[family]:
         cells = [next(f"{r['seconds']:.2f}" for r in rows if r["pattern"] == pattern and r["size"] == n)
                  for n in sizes]

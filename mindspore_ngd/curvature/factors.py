@@ -39,7 +39,6 @@ import math
 import mindspore as ms
 from mindspore import ops
 
-
 __all__ = ["kept_rows", "kept_examples", "output_sum", "dense_input_factor", "dense_output_factor",
            "conv_input_factor", "conv_output_factor", "conv_patches", "same_padding", "dense_input_trace",
            "conv_input_trace", "output_trace",
