@@ -2,7 +2,8 @@
 
     python -m benchmarks.cost_model [--models resnet20,convbn,digits-bn,fmnist-mlp,fmnist-mlp-b1024]
                                     [--optimizers momentum,kfac,kfac-P/P,spngd,thor] [--rounds 1]
-                                    [--period 20] [--spngd-warmup 20] [--data-batches 4] [--repeats 5]
+                                    [--period 20] [--spngd-warmup 20] [--data-batches 4] [--data digits]
+                                    [--graphs 3] [--repeats 5]
                                     [--batch 128,1024,4096] [--out results/]
     python -m benchmarks.cost_model --compile [--optimizers momentum,kfac,spngd,thor] [--config cpu_smoke]
                                     [--batch N] [--phases] [--out results/]
@@ -54,6 +55,18 @@ statistics keep moving and it refreshes nearly every step, with one fixed batch
 (intervals grow to ``max_interval`` = 64 steps): pass more ``--rounds`` and ``--spngd-warmup``.
 The floor uses the refreshes SP-NGD actually made, so measured and floor stay comparable.
 
+**Several graphs (``--graphs N``).** The same convolutions can run up to 30 % apart in two graphs
+of one process (measured: a conv+BatchNorm net's Momentum graph slower than every natural-gradient
+graph running the same convolutions), which is more than the engine's own cost on ResNet-20. With
+``N`` > 1 each optimizer trains ``N`` independent cells, each its own graph, timed in turn in every
+round; the medians pool their steps, and a table gives each graph's median, so the spread is seen.
+
+**Real data (``--data digits``).** The digits CNN (``digits-bn``) can instead train on scikit-learn's
+digits, the training split of :func:`benchmarks.data.digits_arrays` in one fixed shuffled order,
+batches cycled epoch after epoch (``--data-batches`` is then unused). Its statistics then settle as
+in training, so SP-NGD's intervals and refresh rate are those of a real run; pass a warm-up of a few
+epochs (``--spngd-warmup 200``: 22 batches of 64 per epoch). Every optimizer sees the same batches.
+
 **Compile (``--compile``).** The model zoo's ``cpu_smoke`` network and optimizers (or another zoo
 ``--config``, ``{optimizer}`` substituted, e.g. ``resnet50_imagenet2012_{optimizer}_8p`` at a small
 ``--batch``), built by the zoo's own factory (``model_zoo/resnet50/benchmark.py``), first call (graph
@@ -93,6 +106,8 @@ DEFAULT_PERIOD = 20
 THOR_SPLIT_DIM = 128            # THOR's default split_dim
 INVERSE_FLOPS_PER_CUBE = 1.0    # Cholesky-based inverse: potrf D^3/3 + potri 2D^3/3
 DATA_BATCHES = 4                # distinct synthetic batches, cycled
+DATA_SOURCES = ("synthetic", "digits")
+DIGITS_SHAPE = (1, 8, 8)        # the input of the models that can train on the digits (--data digits)
 GIGA = 1e9
 
 
@@ -425,45 +440,69 @@ def extra_seconds(event, kernel_times):
 
 
 # ---------------------------------------------------------------------------------------- benchmark
-def _batches(model_name, count=DATA_BATCHES, batch=None):
-    """``count`` distinct synthetic (inputs, labels) batches of ``batch`` examples (default: the
-    model's), cycled by every optimizer alike."""
+def _batches(model_name, count=DATA_BATCHES, batch=None, data="synthetic"):
+    """The (inputs, labels) batches of ``batch`` examples (default: the model's), cycled by every
+    optimizer alike: ``count`` distinct synthetic ones, or with ``data="digits"`` one epoch of the
+    digits training split in a fixed shuffled order (the last partial batch dropped)."""
     _, shape, default = MODELS[model_name]
     batch = batch or default
+    if data not in DATA_SOURCES:
+        raise ValueError(f"data must be one of {DATA_SOURCES}, got {data!r}")
+    if data == "digits":
+        if tuple(shape) != DIGITS_SHAPE:
+            raise ValueError(f"data='digits' needs a model with {DIGITS_SHAPE} inputs, and {model_name!r} takes "
+                             f"{tuple(shape)}")
+        from .data import digits_arrays
+        x, y = digits_arrays()[:2]
+        if batch > len(y):
+            raise ValueError(f"batch must be <= {len(y)} (the digits training split) with data='digits', got {batch}")
+        order = np.random.default_rng(0).permutation(len(y))
+        return [(Tensor(x[order[i:i + batch]]), Tensor(y[order[i:i + batch]]))
+                for i in range(0, len(y) - batch + 1, batch)]
     rng = np.random.default_rng(0)
     return [(Tensor(rng.standard_normal((batch,) + tuple(shape)).astype(np.float32)),
              Tensor(rng.integers(0, 10, batch).astype(np.int32))) for _ in range(count)]
 
 
 def bench_model(model_name, batch, optimizers, rounds, period, spngd_warmup, timer, data_batches=DATA_BATCHES,
-                kl_clip=None):
-    data = _batches(model_name, data_batches, batch)
+                kl_clip=None, data_source="synthetic", graphs=1):
+    """Rows of the summary and per-layer tables of one model at one batch size. With ``graphs`` > 1
+    every optimizer trains that many independent training cells (each compiled into its own graph,
+    same initial weights and batches), timed in turn in every round: the medians pool their steps."""
+    data = _batches(model_name, data_batches, batch, data_source)
     cells, opts, compile_s, steps_done = {}, {}, {}, {}
-    for kind in optimizers:
-        cells[kind], opts[kind] = build_cell(model_name, kind, period, kl_clip=kl_clip)
+    keys = [(kind, g) for kind in optimizers for g in range(graphs)]
+    for key in keys:
+        kind = key[0]
+        cells[key], opts[key] = build_cell(model_name, kind, period, kl_clip=kl_clip)
         start = time.perf_counter()
-        cells[kind](*data[0]).asnumpy()                   # compile + step 0
-        compile_s[kind] = time.perf_counter() - start
+        cells[key](*data[0]).asnumpy()                    # compile + step 0
+        compile_s.setdefault(kind, time.perf_counter() - start)
         warm = period + (spngd_warmup if kind == "spngd" else 0)
         for i in range(1, warm):
-            cells[kind](*data[i % len(data)]).asnumpy()
-        steps_done[kind] = warm
+            cells[key](*data[i % len(data)]).asnumpy()
+        steps_done[key] = warm
     times = {kind: [] for kind in optimizers}
+    graph_times = {key: [] for key in keys}
     events = {"spngd": []}
     for _ in range(rounds):
-        for kind in optimizers:
+        for key in keys:
+            kind = key[0]
             for _ in range(period):
-                x, y = data[steps_done[kind] % len(data)]
-                before = spngd_counts(opts[kind]) if kind == "spngd" else None
+                x, y = data[steps_done[key] % len(data)]
+                before = spngd_counts(opts[key]) if kind == "spngd" else None
                 start = time.perf_counter()
-                cells[kind](x, y).asnumpy()
-                times[kind].append(time.perf_counter() - start)
-                steps_done[kind] += 1
+                cells[key](x, y).asnumpy()
+                elapsed = time.perf_counter() - start
+                times[kind].append(elapsed)
+                graph_times[key].append(elapsed)
+                steps_done[key] += 1
                 if kind == "spngd":
-                    events["spngd"].append(spngd_event(opts[kind], before, spngd_counts(opts[kind])))
+                    events["spngd"].append(spngd_event(opts[key], before, spngd_counts(opts[key])))
+    graph_medians = {kind: [float(np.median(graph_times[(kind, g)])) for g in range(graphs)] for kind in optimizers}
     base = float(np.median(times["momentum"]))
     flop_rows, rows, layer_tables = [], [], {}
-    specs = next((opts[k].layer_specs for k in optimizers if k != "momentum"), None)
+    specs = next((opts[(k, 0)].layer_specs for k in optimizers if k != "momentum"), None)
     if specs is None:
         return rows, layer_tables
     geometry = layer_geometry(model_name, specs)
@@ -505,7 +544,8 @@ def bench_model(model_name, batch, optimizers, rounds, period, spngd_warmup, tim
             refresh = np.asarray([e[2][0] for e in step_events])
         quiet = ~refresh
         row = {"model": model_name, "batch": batch, "optimizer": kind, "period": period, "steps": steps,
-               "compile_s": compile_s[kind], "momentum_median_s": base,
+               "compile_s": compile_s[kind], "momentum_median_s": base, "graphs": graphs,
+               "momentum_graph_medians_s": graph_medians["momentum"], "graph_medians_s": graph_medians[kind],
                "train_gflop": totals["train"] / GIGA,
                "capture_gflop": totals["capture"] / GIGA, "inverse_gflop": totals["inverse"] / GIGA,
                "precondition_gflop": totals["precondition"] / GIGA,
@@ -562,6 +602,19 @@ def summary_markdown(rows):
                      f"{r['capture_gflop']:.3f} / {r['inverse_gflop']:.3f} / {r['precondition_gflop']:.3f} | "
                      f"{r['flop_ratio']:.2f} | {_ms(r['momentum_median_s'])} | {quiet} | {amortised} | "
                      f"{r['refresh_steps']}/{r['steps']} |")
+    return "\n".join(lines)
+
+
+def graphs_markdown(rows):
+    """Median step of each training graph (``--graphs``), Momentum's first for every model and batch."""
+    lines = ["| model (batch) | optimizer | median step ms of each graph |", "|---|---|---|"]
+    seen = set()
+    for r in rows:
+        label = f"{r['model']} ({r['batch']})"
+        if label not in seen:
+            seen.add(label)
+            lines.append(f"| {label} | momentum | {' / '.join(_ms(t) for t in r['momentum_graph_medians_s'])} |")
+        lines.append(f"| {label} | {r['optimizer']} | {' / '.join(_ms(t) for t in r['graph_medians_s'])} |")
     return "\n".join(lines)
 
 
@@ -676,6 +729,12 @@ def main(argv=None):
                         help="extra SP-NGD warm-up steps before timing (its intervals start at 1)")
     parser.add_argument("--data-batches", type=int, default=DATA_BATCHES,
                         help="distinct synthetic batches, cycled (1: one fixed batch, SP-NGD's statistics settle)")
+    parser.add_argument("--data", default="synthetic", choices=DATA_SOURCES,
+                        help="synthetic batches, or scikit-learn's digits (models with 1x8x8 inputs: digits-bn), "
+                             "where SP-NGD's statistics settle as in training")
+    parser.add_argument("--graphs", type=int, default=1,
+                        help="independent training cells (graphs) per optimizer, timed in turn; the medians pool "
+                             "their steps (the same convolutions run up to 30 %% apart from graph to graph)")
     parser.add_argument("--kl-clip", type=float, default=None,
                         help="kl_clip of every natural-gradient optimizer (default: each one's own, K-FAC and SP-NGD "
                              "1e-3, THOR none; e.g. 1e-3 where THOR diverges on the random labels, as on the "
@@ -700,6 +759,8 @@ def main(argv=None):
     if not batches or any(b is not None and b < 1 for b in batches) or (args.compile and len(batches) > 1):
         parser.error(f"--batch must be {'one positive integer' if args.compile else 'positive integers, comma-separated'}"
                      f", got {args.batch!r}")
+    if args.graphs < 1:
+        parser.error(f"--graphs must be a positive integer, got {args.graphs}")
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
     if args.compile:
@@ -722,12 +783,15 @@ def main(argv=None):
     models = tuple(args.models.split(","))
     if any(m not in MODELS for m in models):
         raise SystemExit(f"--models must name models among {tuple(MODELS)}")
+    if args.data == "digits" and any(tuple(MODELS[m][1]) != DIGITS_SHAPE for m in models):
+        parser.error(f"--data digits needs models with {DIGITS_SHAPE} inputs (digits-bn), got {args.models!r}")
     timer = KernelTimer(args.repeats)
     rows, layers, texts, path = [], {}, [], None
     for model_name, batch in itertools.product(models, batches):
         batch = batch or MODELS[model_name][2]
         model_rows, model_layers = bench_model(model_name, batch, optimizers, args.rounds, args.period,
-                                               args.spngd_warmup, timer, args.data_batches, args.kl_clip)
+                                               args.spngd_warmup, timer, args.data_batches, args.kl_clip,
+                                               args.data, args.graphs)
         rows += model_rows
         layers[f"{model_name} (batch {batch})"] = model_layers
         for kind, entry in model_layers.items():
@@ -737,16 +801,19 @@ def main(argv=None):
         if model_rows:                                    # this model's summary now, the whole table at the end
             print(summary_markdown(model_rows) + "\n\n" + floor_markdown(model_rows) + "\n", flush=True)
         summary, floors = summary_markdown(rows), floor_markdown(rows)
+        if args.graphs > 1 and rows:
+            floors += "\n\n" + graphs_markdown(rows)
         # saved after every model (a long run keeps what it has measured), the same file each time
         path = save_results(args.out, f"cost_model_p{args.period}", {
             "rounds": args.rounds, "period": args.period, "spngd_warmup": args.spngd_warmup,
-            "repeats": args.repeats, "data_batches": args.data_batches, "kl_clip": args.kl_clip,
+            "repeats": args.repeats, "data_batches": args.data_batches, "data": args.data,
+            "graphs": args.graphs, "kl_clip": args.kl_clip,
             "inverse_flops_per_cube": INVERSE_FLOPS_PER_CUBE, "kernel_overhead_s": timer.overhead,
             "models_done": list(layers), "rows": rows, "layers": layers,
             "markdown": "\n\n".join(texts + [summary, floors])})
     print(summary + "\n\n" + floors)
     print(f"\nlaunch overhead subtracted from every kernel: {1e3 * timer.overhead:.3f} ms; "
-          f"{args.rounds} rounds x {args.period} steps per optimizer")
+          f"{args.rounds} rounds x {args.period} steps per optimizer; data: {args.data}")
     return path
 
 

@@ -2,6 +2,7 @@
 import json
 import math
 
+import numpy as np
 import pytest
 
 from benchmarks import cost_model
@@ -92,6 +93,40 @@ def test_each_model_is_timed_at_each_batch_size(tmp_path):
     assert "| tiny-mlp (4) | thor |" in result["markdown"] and "| tiny-mlp (32) | thor |" in result["markdown"]
 
 
+def test_several_graphs_per_optimizer_pool_their_steps(tmp_path):
+    path = cost_model.main(["--models", "tiny-mlp", "--optimizers", "momentum,kfac-P/P", "--rounds", "1",
+                            "--period", "2", "--graphs", "2", "--repeats", "1", "--out", str(tmp_path)])
+    with open(path, encoding="utf-8") as handle:
+        result = json.load(handle)
+    (row,) = result["rows"]
+    # each graph trains one period per round, and refreshes on the first step of it
+    assert row["graphs"] == 2 and row["steps"] == 4 and row["refresh_steps"] == 2
+    assert len(row["graph_medians_s"]) == 2 and len(row["momentum_graph_medians_s"]) == 2
+    assert all(t > 0 for t in row["graph_medians_s"] + row["momentum_graph_medians_s"])
+    assert "| model (batch) | optimizer | median step ms of each graph |" in result["markdown"].split("\n")
+    assert "| tiny-mlp (8) | momentum | " in result["markdown"]
+
+
+def test_digits_batches_are_one_epoch_of_the_training_split_in_a_fixed_order():
+    from benchmarks.data import digits_arrays
+    x_train, y_train = digits_arrays()[:2]
+    batches = cost_model._batches("digits-bn", batch=64, data="digits")
+    assert len(batches) == len(y_train) // 64
+    inputs = np.concatenate([x.asnumpy() for x, _ in batches])
+    labels = np.concatenate([y.asnumpy() for _, y in batches])
+    assert inputs.shape == (64 * len(batches), 1, 8, 8) and labels.dtype == np.int32
+    # distinct training examples, each with its own label, none repeated within the epoch
+    order = np.random.default_rng(0).permutation(len(y_train))[:len(labels)]
+    np.testing.assert_array_equal(inputs, x_train[order])
+    np.testing.assert_array_equal(labels, y_train[order])
+    again = cost_model._batches("digits-bn", batch=64, data="digits")
+    np.testing.assert_array_equal(again[3][0].asnumpy(), batches[3][0].asnumpy())
+    with pytest.raises(ValueError, match="1, 8, 8"):
+        cost_model._batches("tiny-mlp", data="digits")
+    with pytest.raises(ValueError, match="data must be one of"):
+        cost_model._batches("digits-bn", data="imagenet")
+
+
 def test_bad_arguments_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cost_model.main(["--models", "nosuchnet", "--out", str(tmp_path)])
@@ -104,6 +139,12 @@ def test_bad_arguments_are_refused(tmp_path, capsys):
     assert "--batch must be one positive integer" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cost_model.main(["--optimizers", "kfac", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        cost_model.main(["--models", "tiny-mlp", "--data", "digits", "--out", str(tmp_path)])
+    assert "--data digits needs models with (1, 8, 8) inputs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cost_model.main(["--models", "tiny-mlp", "--graphs", "0", "--out", str(tmp_path)])
+    assert "--graphs must be a positive integer" in capsys.readouterr().err
 
 
 def test_compile_phases_are_read_from_the_verbose_log_and_tabled():
