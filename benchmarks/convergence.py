@@ -156,6 +156,8 @@ OPTIMIZERS.update({
     "kfac-half": _variant(OPTIMIZERS["kfac"], stat_fraction=0.5),
     "kfac-stride2": _variant(OPTIMIZERS["kfac"], stat_stride=2),
     "kfac-10/100": _variant(OPTIMIZERS["kfac"], factor_update_interval=10, inverse_update_interval=100),
+    # SP-NGD with each change measured against the statistic alone, as before refresh_measure="damped"
+    "spngd-raw": _variant(OPTIMIZERS["spngd"], refresh_measure="raw"),
 })
 
 

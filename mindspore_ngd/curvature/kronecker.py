@@ -24,7 +24,7 @@ from .._graph import columns as matrix_columns
 from ..capture import LayerCapture, never_captured
 from . import inverse as inv_ops
 from .blocks import BlockLayout, apply_left, apply_right, to_blocks
-from .statistics import fold_statistic
+from .statistics import damped_square_norm, fold_statistic
 
 __all__ = ["KroneckerBlock", "matrix_part"]
 
@@ -118,15 +118,23 @@ class KroneckerBlock(nn.Cell):
     def batch_trace(self, which):
         return self.capture.g_trace if which else self.capture.a_trace
 
-    def fold(self, state, updates, a_batch, g_batch, take_a, take_g, decay, track_changes):
+    def fold(self, state, updates, a_batch, g_batch, take_a, take_g, decay, track_changes, damping=None):
         """Fold the batch factors captured this step into the averages ``state`` = (A, G), which have
         taken ``updates`` = (A count, G count) batches so far; ``take_a``/``take_g``: the capture flags.
         Returns ``(new A, new G, outcome)`` with ``outcome`` = (A taken, G taken, A rejected, G rejected,
-        A change, G change) as float32 scalars (changes only with ``track_changes``)."""
+        A change, G change) as float32 scalars (changes only with ``track_changes``). With ``damping``
+        each change is measured against the damped factor (``A + pi sqrt(damping) I``, split as the
+        inversion splits it), so a factor far smaller than its damping counts as stable."""
         a_factor, g_factor = state
         a_updates, g_updates = updates
-        a, a_count, a_bad, a_change = fold_statistic(a_factor, a_updates, a_batch, take_a, decay, track_changes)
-        g, g_count, g_bad, g_change = fold_statistic(g_factor, g_updates, g_batch, take_g, decay, track_changes)
+        a_ref = g_ref = None
+        if track_changes and damping is not None:
+            a_shift, g_shift = inv_ops.split_damping(a_factor, g_factor, damping, self.damping_split)
+            a_ref, g_ref = damped_square_norm(a_factor, a_shift), damped_square_norm(g_factor, g_shift)
+        a, a_count, a_bad, a_change = fold_statistic(a_factor, a_updates, a_batch, take_a, decay, track_changes,
+                                                     a_ref)
+        g, g_count, g_bad, g_change = fold_statistic(g_factor, g_updates, g_batch, take_g, decay, track_changes,
+                                                     g_ref)
         outcome = (ops.cast(a_count - a_updates, ms.float32), ops.cast(g_count - g_updates, ms.float32),
                    ops.cast(a_bad, ms.float32), ops.cast(g_bad, ms.float32))
         if track_changes:

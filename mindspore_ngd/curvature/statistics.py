@@ -6,27 +6,37 @@ factor, a unit-wise BatchNorm Fisher, or (THOR's trace rule) a trace.
 import mindspore as ms
 from mindspore import ops
 
-__all__ = ["relative_change", "fold_statistic"]
+__all__ = ["relative_change", "damped_square_norm", "fold_statistic"]
 
 
-def relative_change(new, old):
+def relative_change(new, old, reference=None):
     """``|new - old|_F / |old|_F`` (for scalars ``|new - old| / |old|``); +inf when ``old`` is zero,
-    i.e. there is nothing to compare with (a first capture)."""
+    i.e. there is nothing to compare with (a first capture).
+
+    ``reference``: the squared norm to measure against instead of ``|old|_F^2``, e.g. that of the
+    damped statistic the inverse is taken of (:func:`damped_square_norm`)."""
     old_norm = ops.reduce_sum(old * old)
     diff = new - old
     has_old = old_norm > 0
-    change = ops.sqrt(ops.reduce_sum(diff * diff) / ops.select(has_old, old_norm, ops.ones_like(old_norm)))
+    base = old_norm if reference is None else reference
+    change = ops.sqrt(ops.reduce_sum(diff * diff) / ops.select(has_old, base, ops.ones_like(base)))
     return ops.select(has_old, change, ops.fill(ms.float32, (), float("inf")))
 
 
-def fold_statistic(average, updates, batch, captured, decay, track_changes):
+def damped_square_norm(matrix, shift):
+    """``|M + shift I|_F^2`` of a square matrix, without forming it: ``|M|_F^2 + 2 shift tr(M) +
+    shift^2 dim``."""
+    return ops.reduce_sum(matrix * matrix) + 2.0 * shift * ops.trace(matrix) + shift * shift * matrix.shape[0]
+
+
+def fold_statistic(average, updates, batch, captured, decay, track_changes, reference=None):
     """One statistic's moving average ``X <- decay X + (1 - decay) X_batch``.
 
     The first accepted batch initialises the average (``updates == 0``); a batch that was not
     captured, or is not finite, leaves it unchanged. Returns ``(new average, new update count,
     rejected (int32 1 if a captured batch was not finite), change)``, where ``change`` is
-    :func:`relative_change` of the new value against the old one if the batch was taken and -1 if not
-    (None unless ``track_changes``).
+    :func:`relative_change` of the new value against the old one (against ``reference``, a squared
+    norm, when given) if the batch was taken and -1 if not (None unless ``track_changes``).
     """
     finite = ops.all(ops.isfinite(batch))
     take = ops.logical_and(captured, finite)
@@ -36,5 +46,5 @@ def fold_statistic(average, updates, batch, captured, decay, track_changes):
     rejected = ops.cast(ops.logical_and(captured, ops.logical_not(finite)), ms.int32)
     change = None
     if track_changes:
-        change = ops.select(take, relative_change(new, average), -ops.ones((), ms.float32))
+        change = ops.select(take, relative_change(new, average, reference), -ops.ones((), ms.float32))
     return new, updates + ops.cast(take, ms.int32), rejected, change

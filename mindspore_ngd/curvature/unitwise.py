@@ -15,7 +15,16 @@ from ..capture import NormCapture
 from .factors import unit_natural_gradient
 from .statistics import fold_statistic
 
-__all__ = ["UnitBatchNormBlock"]
+__all__ = ["UnitBatchNormBlock", "unit_damped_square_norm"]
+
+_DIAGONAL = Tensor(np.array([1.0, 0.0, 1.0], np.float32))      # F00, F01, F11: the 2x2 blocks' diagonal
+
+
+def unit_damped_square_norm(fisher, damping):
+    """The squared norm of the (C, 3) entries of ``F_c + damping I`` over every channel (each entry
+    counted once, as :func:`~mindspore_ngd.curvature.statistics.relative_change` counts ``fisher``'s)."""
+    diagonal = ops.reduce_sum(fisher * _DIAGONAL)
+    return ops.reduce_sum(fisher * fisher) + 2.0 * damping * diagonal + 2.0 * damping * damping * fisher.shape[0]
 
 
 class UnitBatchNormBlock(nn.Cell):
@@ -44,10 +53,14 @@ class UnitBatchNormBlock(nn.Cell):
     def batch(self, token):
         return ops.depend(self.capture.f_batch, token)
 
-    def fold(self, fisher, count, batch, flag, decay, track_changes):
+    def fold(self, fisher, count, batch, flag, decay, track_changes, damping=None):
         """``(new F, new count, rejected, change)`` of the Fisher ``fisher`` that has taken ``count``
-        batches, as :func:`mindspore_ngd.curvature.statistics.fold_statistic`."""
-        return fold_statistic(fisher, count, batch, flag, decay, track_changes)
+        batches, as :func:`mindspore_ngd.curvature.statistics.fold_statistic`; with ``damping`` (the
+        BatchNorm damping) the change is measured against the damped 2x2 blocks ``F_c + damping I``."""
+        reference = None
+        if track_changes and damping is not None:
+            reference = unit_damped_square_norm(fisher, damping)
+        return fold_statistic(fisher, count, batch, flag, decay, track_changes, reference)
 
     def write_factors(self, fisher):
         ops.assign(self.fisher, fisher)

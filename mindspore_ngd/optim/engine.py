@@ -128,6 +128,8 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
 
         super().__init__(learning_rate, groups.parameters, weight_decay=0.0, loss_scale=loss_scale)
         self.policy = policy
+        # SP-NGD's changes measured against the damped statistics (StaleIntervals.measure)
+        self._damped_changes = bool(getattr(policy.refresh, "damped_changes", False))
         self.inverse_method = policy.inverse_method
         self.layer_specs = tuple(specs)
         self.norm_specs = tuple(norm_specs)
@@ -232,6 +234,10 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         token, boost = self._adapt(gradients, flat, finite)
         finite = ops.depend(finite, token)
 
+        damping = self._damping(self.damping(self.global_step), boost)    # read in the main graph
+        if self.policy.damping_floor > 0:
+            damping = ops.maximum(damping, self.policy.damping_floor)
+
         # fold the statistics captured in this step's forward/backward pass (one run-time branch)
         factors = self._stored_factors()
         refreshed, changes = self._nothing_refreshed(), -ops.ones((self._change_size(),), ms.float32)
@@ -243,7 +249,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         # an op reads the flags now: a Parameter used after its assign would read the new value
         not_demoted_before = ops.logical_not(factors[1][2])
         if self.capture_control.any():
-            factors, refreshed, changes, scale = self._folded(factors, finite, gradients, scale)
+            factors, refreshed, changes, scale = self._folded(factors, finite, gradients, scale, damping)
         self._store_factors(factors)
         if probe is not None:
             ops.assign(probe.scale_seen, scale)
@@ -253,9 +259,6 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         ops.assign(self.demoted_unreported, ops.logical_and(factors[1][2], not_demoted_before))
 
         # refresh the inverses the rule says are due
-        damping = self._damping(self.damping(self.global_step), boost)    # read in the main graph
-        if self.policy.damping_floor > 0:
-            damping = ops.maximum(damping, self.policy.damping_floor)
         due = self.refresh_rule.inverse_due(step, refreshed)
         layers = self.refresh_rule.inverse_layers(step, refreshed)
         redamp, inverted_boost = self._reinvert(boost)
@@ -312,9 +315,10 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
             norms += (block.factors(),)
         return state + (norms, self.counters.f_updates)
 
-    def _folded(self, state, finite, gradients, scale):
+    def _folded(self, state, finite, gradients, scale, damping):
         """(new factor state, per-layer flag 'A or G of this layer was taken', relative changes, loss
-        scale seen).
+        scale seen). ``damping`` is this step's; a rule that measures changes against the damped
+        statistics (SP-NGD's default) gets them so.
 
         A step with a non-finite gradient (a loss-scale overflow, or divergence) folds nothing and is
         no fault of the curvature: it is counted once, as a skipped step. G and the unit-wise Fishers
@@ -351,6 +355,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
                 unscaled_f += (f_batch * correction,)
             g_batches, f_batches = unscaled, unscaled_f
         track = self.policy.refresh.track_changes
+        damped = self._damped_changes
         zero = ops.zeros((), ms.float32)
         a_counts, g_counts, was_demoted = state[1]
         demoted = ops.logical_or(was_demoted, ops.stack(unseen))
@@ -363,7 +368,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
                 keep = ops.logical_and(ops.logical_not(demoted_each[k]), finite)
                 a, g, outcome = block.fold(state[0][k], (a_each[k], g_each[k]), a_batches[k], g_batches[k],
                                            ops.logical_and(take_a, keep), ops.logical_and(take_g, keep),
-                                           self.factor_decay, track)
+                                           self.factor_decay, track, damping if damped else None)
             else:
                 a, g, outcome = state[0][k][0], state[0][k][1], (zero,) * (6 if track else 4)
             folded += ((a, g),)
@@ -391,7 +396,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         for j in range(self.num_norms):
             fisher, count, bad, change = self.norm_blocks[j].fold(
                 state[3][j], f_each[j], f_batches[j], ops.logical_and(self.capture_control.norm_flag(j), finite),
-                self.factor_decay, track)
+                self.factor_decay, track, self.policy.batchnorm_damping if damped else None)
             norms += (fisher,)
             norm_counts += (count,)
             norm_changes += (change,)

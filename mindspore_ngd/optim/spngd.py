@@ -51,6 +51,12 @@ class SPNGD(NGDOptimizer):
         refresh_threshold (float): relative change below which a statistic counts as stable, > 0.
             Default 0.1.
         max_interval (int): cap of the refresh interval (steps), >= 1. Default 64.
+        refresh_measure (str): what a statistic's change is measured against. "damped" (default): the
+            damped statistic the inverse is taken of, ``|X_new - X_old|_F / |X_old + shift I|_F``
+            with the damping the inversion adds (A and G split as ``damping_split`` splits it; the
+            BatchNorm blocks' ``batchnorm_damping``), so that a statistic much smaller than its
+            damping -- G once the training loss is near zero -- is left to rest. "raw":
+            ``/ |X_old|_F``, the statistic alone (the rule before this option existed).
         batchnorm_damping (Optional[float]): damping of the unit-wise BatchNorm Fisher, > 0; None
             gives BatchNorm gamma/beta the plain momentum update. Default 1e-3.
         fisher (str): "empirical" (G from the training labels) or "mc" (labels sampled from the
@@ -88,9 +94,9 @@ class SPNGD(NGDOptimizer):
                  nesterov=False, decay_filter=None, skip_layers=(), verbose=True, distributed="auto",
                  grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, params=None, strict=False,
-                 stat_fraction=1.0, stat_stride=1):
+                 stat_fraction=1.0, stat_stride=1, refresh_measure="damped"):
         floor = _validate.non_negative_float("weight_decay", weight_decay)
-        policy = Policy(name="spngd", refresh=StaleIntervals(refresh_threshold, max_interval, stale),
+        policy = Policy(name="spngd", refresh=StaleIntervals(refresh_threshold, max_interval, stale, refresh_measure),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip,
                         jitter=jitter, batchnorm_damping=batchnorm_damping, damping_floor=floor, fisher=fisher,
                         adaptive_damping=adaptive_damping, stat_fraction=stat_fraction, stat_stride=stat_stride)

@@ -121,11 +121,19 @@ class FixedInterval:
 class StaleIntervals:
     """SP-NGD's rule: every statistic (each layer's A and G, each BatchNorm layer's unit-wise Fisher)
     has its own interval, adapted by :func:`stale_intervals`; a layer is re-inverted when one of its
-    statistics was recomputed. ``adaptive=False`` recomputes every statistic and inverse every step."""
+    statistics was recomputed. ``adaptive=False`` recomputes every statistic and inverse every step.
+
+    ``measure`` is what a statistic's change is relative to: ``"damped"`` the damped statistic whose
+    inverse the optimizer uses (``|X_new - X_old|_F / |X_old + shift I|_F``, the shift being the
+    damping the inversion adds to it), ``"raw"`` the statistic itself (``/ |X_old|_F``). A statistic
+    far smaller than its damping -- G once the loss is near zero -- moves the preconditioner little
+    however much it moves relative to itself; ``"raw"`` keeps refreshing it."""
     threshold: float = 0.1
     max_interval: int = 64
     adaptive: bool = True
+    measure: str = "damped"
     per_statistic: ClassVar[bool] = True
+    MEASURES: ClassVar[tuple] = ("damped", "raw")
 
     @property
     def per_layer(self):
@@ -140,7 +148,14 @@ class StaleIntervals:
         _validate.positive_int("max_interval", self.max_interval)
         if not isinstance(self.adaptive, bool):
             raise TypeError(f"stale must be a bool, got {type(self.adaptive).__name__}")
+        if self.measure not in self.MEASURES:
+            raise ValueError(f"refresh_measure must be one of {self.MEASURES}, got {self.measure!r}")
         return self
+
+    @property
+    def damped_changes(self):
+        """Whether the optimizer measures changes against the damped statistics."""
+        return self.adaptive and self.measure == "damped"
 
     def plan(self, changes_at, total_steps):
         """Twin of the graph rule for one statistic: ``[(step, interval after the refresh)]``.

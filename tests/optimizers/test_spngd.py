@@ -10,6 +10,8 @@ from mindspore import nn, ops, Tensor
 from mindspore.train import Model
 
 import mindspore_ngd as ngd
+from mindspore_ngd.curvature.statistics import damped_square_norm, relative_change
+from mindspore_ngd.curvature.unitwise import unit_damped_square_norm
 from mindspore_ngd.schedule.rules import StaleIntervals, stale_intervals
 from nets import DenseNet, set_weights
 from reference import numpy_kfac as ref
@@ -74,7 +76,8 @@ def _dense_spngd(max_interval=4, threshold=0.1, **kwargs):
     ms.set_seed(0)
     net = DenseNet()
     set_weights(net, np.random.default_rng(0))
-    opt = ngd.SPNGD(net, learning_rate=kwargs.pop("lr", 1e-6), damping=1e-2, refresh_threshold=threshold,
+    opt = ngd.SPNGD(net, learning_rate=kwargs.pop("lr", 1e-6), damping=kwargs.pop("damping", 1e-2),
+                    refresh_threshold=threshold,
                     max_interval=max_interval, factor_decay=0.0, verbose=False, **kwargs)
     return net, opt, train_step(net, opt)
 
@@ -94,6 +97,63 @@ def test_optimizer_intervals_follow_the_rule_for_constant_and_moving_inputs():
     for i in range(12):
         step(x * (10.0 if i % 2 else 1.0), y)
     assert opt.refresh_state()["fc1.A"] == (1, 12, 12)
+
+
+# ------------------------------------------------------------------ the change measured against the damped statistic
+def test_damped_square_norms_and_relative_change_equal_numpy():
+    rng = np.random.default_rng(3)
+    m = rng.standard_normal((6, 6)).astype(np.float32)
+    m = m @ m.T
+    shift = np.float32(0.7)
+    expected = np.sum((m.astype(np.float64) + shift * np.eye(6)) ** 2)
+    np.testing.assert_allclose(damped_square_norm(Tensor(m), Tensor(shift)).asnumpy(), expected, rtol=1e-5)
+    # unit-wise Fisher entries (F00, F01, F11) per channel: the damping on F00 and F11, each entry once
+    f = rng.standard_normal((5, 3)).astype(np.float32)
+    expected_f = np.sum((f.astype(np.float64) + shift * np.array([1.0, 0.0, 1.0])) ** 2)
+    np.testing.assert_allclose(unit_damped_square_norm(Tensor(f), shift).asnumpy(), expected_f, rtol=1e-5)
+    new = m + rng.standard_normal((6, 6)).astype(np.float32)
+    raw = np.linalg.norm(new.astype(np.float64) - m) / np.linalg.norm(m.astype(np.float64))
+    damped = np.linalg.norm(new.astype(np.float64) - m) / np.sqrt(expected)
+    np.testing.assert_allclose(relative_change(Tensor(new), Tensor(m)).asnumpy(), raw, rtol=1e-5)
+    np.testing.assert_allclose(relative_change(Tensor(new), Tensor(m), Tensor(np.float32(expected))).asnumpy(),
+                               damped, rtol=1e-5)
+    # a first capture (old = 0) stays +inf, whatever the reference
+    zero = Tensor(np.zeros((6, 6), np.float32))
+    assert np.isinf(relative_change(Tensor(new), zero, Tensor(np.float32(expected))).asnumpy())
+
+
+def _input_factor(x):
+    """fc1's A of DenseNet for inputs ``x``: ``[x, 1]^T [x, 1] / n``, float64."""
+    tilde = np.concatenate([x.astype(np.float64), np.ones((x.shape[0], 1))], axis=1)
+    return tilde.T @ tilde / x.shape[0]
+
+
+@pytest.mark.parametrize("measure", ["damped", "raw"])
+def test_a_factor_far_below_its_damping_rests_only_when_measured_against_the_damped_factor(measure):
+    """The input scale alternates 1, 1.5, 1, ...: fc1's A moves by 125 % / 56 % of itself at every
+    capture, but by about 1 % of ``A + sqrt(damping) I`` with damping 1e4 (split "sqrt": A's shift is
+    100, independent of G). Damped, the interval doubles to the cap; raw, it stays at 1."""
+    x, y = batch(1, n=16, shape=(5,))
+    small, large = _input_factor(x.asnumpy()), _input_factor(1.5 * x.asnumpy())
+    shift = 100.0
+    for old, new in ((small, large), (large, small)):
+        assert np.linalg.norm(new - old) / np.linalg.norm(old) > 0.5                       # raw: moving
+        assert np.linalg.norm(new - old) / np.linalg.norm(old + shift * np.eye(6)) < 0.05  # damped: stable
+    _, opt, step = _dense_spngd(refresh_measure=measure, damping_split="sqrt", adaptive_damping=False,
+                                damping=1e4)
+    for i in range(16):
+        step(x * (1.5 if i % 2 else 1.0), y)
+    interval, _, refreshes = opt.refresh_state()["fc1.A"]
+    if measure == "damped":
+        assert interval == 4 and refreshes < 16
+    else:
+        assert (interval, refreshes) == (1, 16)
+
+
+def test_refresh_measure_is_validated():
+    net = DenseNet()
+    with pytest.raises(ValueError, match="refresh_measure must be one of"):
+        ngd.SPNGD(net, 0.1, refresh_measure="relative", verbose=False)
 
 
 def test_refresh_state_is_checkpointed_and_restored(tmp_path):
