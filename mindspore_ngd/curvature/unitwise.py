@@ -4,7 +4,8 @@ Each channel c is a unit with its own 2x2 Fisher of (gamma_c, beta_c), stored as
 entries per channel in a (C, 3) Parameter ``{prefix}.{layer}.F``; its update count is stacked with
 the other BatchNorm layers' in :class:`~mindspore_ngd.curvature.counters.LayerCounters`. The capture
 cell probes the per-example gradients inside the network (see :class:`mindspore_ngd.capture.NormCapture`). The natural gradient is the closed-form
-``(F_c + damping I)^-1 [g_gamma, g_beta]``.
+``(F_c + damping I)^-1 [g_gamma, g_beta]``, computed for every BatchNorm layer at once by
+:class:`UnitBatchNormStack`.
 """
 import numpy as np
 
@@ -15,7 +16,7 @@ from ..capture import NormCapture
 from .factors import unit_natural_gradient
 from .statistics import fold_statistic
 
-__all__ = ["UnitBatchNormBlock", "unit_damped_square_norm"]
+__all__ = ["UnitBatchNormBlock", "UnitBatchNormStack", "unit_damped_square_norm"]
 
 _DIAGONAL = Tensor(np.array([1.0, 0.0, 1.0], np.float32))      # F00, F01, F11: the 2x2 blocks' diagonal
 
@@ -68,10 +69,64 @@ class UnitBatchNormBlock(nn.Cell):
     def gradients(self, gradients):
         return (ops.cast(gradients[self.gamma_index], ms.float32), ops.cast(gradients[self.beta_index], ms.float32))
 
-    def precondition(self, fisher, known, grads, damping):
-        """Unit-wise natural gradients (gamma, beta), float32; a layer whose Fisher was never captured
-        (``known`` False) keeps its plain gradient."""
+
+class UnitBatchNormStack(nn.Cell):
+    """The unit-wise natural gradient of every BatchNorm layer at once.
+
+    Every BatchNorm channel is its own 2x2 problem, so the layers' channels are concatenated and solved
+    by one set of element-wise kernels instead of one set per layer (per step, about 20 kernels
+    whatever the number of layers, against about 20 per layer). The element-wise results, and the
+    per-layer dot products of the KL clip, are bit-identical to the per-layer computation.
+
+    Args:
+        blocks (list of UnitBatchNormBlock): the optimizer's BatchNorm blocks, in order.
+    """
+
+    def __init__(self, blocks):
+        super().__init__(auto_prefix=False)
+        self.sizes = tuple(int(b.spec.channels) for b in blocks)
+        self.count = len(self.sizes)
+        self.gamma_indices = tuple(b.gamma_index for b in blocks)
+        self.beta_indices = tuple(b.beta_index for b in blocks)
+        # layer of every stacked channel: picks each channel's has-a-Fisher flag from the per-layer vector
+        self.layer_of_row = Tensor(np.repeat(np.arange(self.count, dtype=np.int32), self.sizes))
+
+    def gradients(self, gradients):
+        """(gamma, beta) gradients of every layer, float32, concatenated over the layers."""
+        gammas, betas = (), ()
+        for j in range(self.count):
+            gammas += (ops.cast(gradients[self.gamma_indices[j]], ms.float32),)
+            betas += (ops.cast(gradients[self.beta_indices[j]], ms.float32),)
+        return ops.concat(gammas), ops.concat(betas)
+
+    def precondition(self, fishers, counts, grads, damping):
+        """Stacked unit-wise natural gradients (gamma, beta) of ``grads`` (from :meth:`gradients`), with
+        ``fishers`` the layers' (C, 3) Fishers and ``counts`` their update counts; a layer whose Fisher
+        was never captured keeps its plain gradient."""
         grad_gamma, grad_beta = grads
-        pre_gamma, pre_beta = unit_natural_gradient(fisher, grad_gamma, grad_beta, damping)
-        known = ops.broadcast_to(known, grad_gamma.shape)
+        pre_gamma, pre_beta = unit_natural_gradient(ops.concat(fishers), grad_gamma, grad_beta, damping)
+        known = ops.gather(ops.cast(counts > 0, ms.float32), self.layer_of_row, 0) > 0.5
         return ops.select(known, pre_gamma, grad_gamma), ops.select(known, pre_beta, grad_beta)
+
+    def split(self, stacked):
+        """Per-layer parts of a stacked vector, as a tuple."""
+        if self.count == 1:
+            return (stacked,)
+        return ops.split(stacked, self.sizes)
+
+    def dots(self, pairs, grads):
+        """Per layer ``<P_gamma, g_gamma> + <P_beta, g_beta>``, as a tuple."""
+        gamma_parts = self.split(pairs[0] * grads[0])
+        beta_parts = self.split(pairs[1] * grads[1])
+        out = ()
+        for j in range(self.count):
+            out += (ops.reduce_sum(gamma_parts[j]) + ops.reduce_sum(beta_parts[j]),)
+        return out
+
+    def layer_pairs(self, pairs):
+        """The stacked (gamma, beta) pair cut into per-layer pairs."""
+        gammas, betas = self.split(pairs[0]), self.split(pairs[1])
+        out = ()
+        for j in range(self.count):
+            out += ((gammas[j], betas[j]),)
+        return out

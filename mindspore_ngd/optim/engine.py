@@ -41,7 +41,7 @@ from ..capture import CaptureControl, attach
 from ..capture.loss_scale import LossScaleProbe, reference_layer
 from ..curvature.counters import LayerCounters
 from ..curvature.kronecker import KroneckerBlock
-from ..curvature.unitwise import UnitBatchNormBlock
+from ..curvature.unitwise import UnitBatchNormBlock, UnitBatchNormStack
 from ..parallel import comm as parallel_comm
 from ..parallel.exchange import DistributedExchange, LocalExchange
 from ..schedule import as_schedule, as_unit_schedule
@@ -171,6 +171,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         self.norm_blocks = nn.CellList([
             UnitBatchNormBlock(s, prefix, index[s.gamma_name], index[s.beta_name], loss_scale) for s in norm_specs],
             auto_prefix=False)
+        self.norm_stack = UnitBatchNormStack(list(self.norm_blocks)) if norm_specs else None
         self.counters = LayerCounters(prefix, [s.name for s in specs], [s.name for s in norm_specs])
         probe = None if reference is None else LossScaleProbe(self.blocks[reference].capture,
                                                                self.blocks[reference].bias_index, loss_scale, prefix)
@@ -487,15 +488,13 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         dots, norm_dots = (), ()
         for k in range(self.num_layers):
             dots += (ops.reduce_sum(matrices[k] * self.blocks[k].gradient(gradients)),)
-        pairs = ()
-        if self.num_norms:
-            known = ops.unstack(factors[4] > 0)
-            for j in range(self.num_norms):
-                block = self.norm_blocks[j]
-                grads = block.gradients(gradients)
-                pair = block.precondition(factors[3][j], known[j], grads, self.policy.batchnorm_damping)
-                pairs += (pair,)
-                norm_dots += (ops.reduce_sum(pair[0] * grads[0]) + ops.reduce_sum(pair[1] * grads[1]),)
+        pairs, stacked = (), None
+        if self.num_norms:      # every BatchNorm layer's channels at once, cut into layers at the end
+            stack = self.norm_stack
+            norm_grads = stack.gradients(gradients)
+            stacked = stack.precondition(factors[3], factors[4], norm_grads, self.policy.batchnorm_damping)
+            norm_dots = stack.dots(stacked, norm_grads)
+            pairs = stack.layer_pairs(stacked)
         if self.policy.kl_clip is None:
             return matrices, pairs
         if self.is_group_lr:
@@ -511,8 +510,8 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         scaled, scaled_pairs = (), ()
         for k in range(self.num_layers):
             scaled += (matrices[k] * factor[k],)
-        for pair in pairs:
-            scaled_pairs += ((pair[0] * nu, pair[1] * nu),)
+        if self.num_norms:
+            scaled_pairs = self.norm_stack.layer_pairs((stacked[0] * nu, stacked[1] * nu))
         return scaled, scaled_pairs
 
     def _group_vg(self, matrices, pairs, gradients, lr):

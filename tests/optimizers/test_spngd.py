@@ -10,6 +10,7 @@ from mindspore import nn, ops, Tensor
 from mindspore.train import Model
 
 import mindspore_ngd as ngd
+from mindspore_ngd.curvature.factors import unit_natural_gradient
 from mindspore_ngd.curvature.statistics import damped_square_norm, relative_change
 from mindspore_ngd.curvature.unitwise import unit_damped_square_norm
 from mindspore_ngd.schedule.rules import StaleIntervals, stale_intervals
@@ -258,6 +259,55 @@ def test_unit_wise_batchnorm_step_equals_the_numpy_reference():
     np.testing.assert_allclose((gamma0 - net.bn.gamma.asnumpy()) / lr, natural[:, 0], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose((beta0 - net.bn.beta.asnumpy()) / lr, natural[:, 1], rtol=1e-4, atol=1e-5)
     assert not np.allclose(natural, grad, rtol=0.1)      # the preconditioning is not a no-op here
+
+
+class _StackCase(nn.Cell):
+    """Per-layer and stacked unit-wise natural gradients of the same inputs, in one graph."""
+
+    def __init__(self, stack, sizes):
+        super().__init__()
+        self.stack, self.sizes = stack, sizes
+
+    def construct(self, gradients, fishers, counts, damping):
+        grads = self.stack.gradients(gradients)
+        stacked = self.stack.precondition(fishers, counts, grads, damping)
+        per_layer = ()
+        for j in range(len(self.sizes)):
+            gamma, beta = gradients[2 * j], gradients[2 * j + 1]
+            pre = unit_natural_gradient(fishers[j], gamma, beta, damping)
+            known = counts[j] > 0
+            per_layer += ((ops.select(ops.broadcast_to(known, gamma.shape), pre[0], gamma),
+                           ops.select(ops.broadcast_to(known, beta.shape), pre[1], beta)),)
+        return self.stack.layer_pairs(stacked), self.stack.dots(stacked, grads), per_layer
+
+
+def test_stacked_unit_wise_natural_gradient_is_bit_identical_to_the_per_layer_one():
+    """Three BatchNorm layers of 2, 5 and 3 channels, the second never captured (plain gradient)."""
+    from types import SimpleNamespace
+    from mindspore_ngd.curvature.unitwise import UnitBatchNormStack
+    sizes = (2, 5, 3)
+    blocks = [SimpleNamespace(spec=SimpleNamespace(channels=c), gamma_index=2 * j, beta_index=2 * j + 1)
+              for j, c in enumerate(sizes)]
+    rng = np.random.default_rng(5)
+    gradients = tuple(Tensor(rng.standard_normal(c).astype(np.float32)) for c in sizes for _ in range(2))
+    fishers = []
+    for c in sizes:
+        u = rng.standard_normal((c, 2, 8)).astype(np.float32)
+        f = np.einsum("cik,cjk->cij", u, u) / 8
+        fishers.append(Tensor(np.stack([f[:, 0, 0], f[:, 0, 1], f[:, 1, 1]], axis=1).astype(np.float32)))
+    counts = Tensor(np.array([3, 0, 1], np.int32))
+    pairs, dots, per_layer = _StackCase(UnitBatchNormStack(blocks), sizes)(gradients, tuple(fishers), counts,
+                                                                            Tensor(np.float32(1e-3)))
+    for j, c in enumerate(sizes):
+        for part in range(2):
+            assert pairs[j][part].shape == (c,)
+            np.testing.assert_array_equal(pairs[j][part].asnumpy(), per_layer[j][part].asnumpy())
+        expected = (np.sum(per_layer[j][0].asnumpy() * gradients[2 * j].asnumpy(), dtype=np.float64)
+                    + np.sum(per_layer[j][1].asnumpy() * gradients[2 * j + 1].asnumpy(), dtype=np.float64))
+        np.testing.assert_allclose(dots[j].asnumpy(), expected, rtol=1e-5)
+    # the never-captured layer keeps its plain gradient; the others are preconditioned
+    np.testing.assert_array_equal(pairs[1][0].asnumpy(), gradients[2].asnumpy())
+    assert not np.allclose(pairs[0][0].asnumpy(), gradients[0].asnumpy())
 
 
 def test_batchnorm_probe_leaves_the_forward_pass_and_gradients_unchanged():
