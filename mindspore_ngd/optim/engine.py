@@ -23,9 +23,11 @@ MindSpore 2.10 constraints that shape this code (each measured): state Parameter
 in the main graph, never inside a run-time branch (a Parameter assigned inside an ``if`` on a
 tensor is disconnected from its host value, so a later ``load_param_into_net`` would not reach the
 graph; the capture's batch buffers, used only inside branches, are therefore not Parameters of the
-optimizer); run-time branches are single-level; the batch statistics are read after the gradients
-(data dependency on a value computed from every gradient); a branch never returns an empty tuple
-(MindSpore miscounts its outputs).
+optimizer); run-time branches are single-level in the capture (a nested one was seen to hang the
+CPU graph scheduler there), and nested only for SP-NGD's per-layer inversions, under one branch
+taken when any layer is due (tested with every inverse method and on two msrun ranks); the batch
+statistics are read after the gradients (data dependency on a value computed from every gradient);
+a branch never returns an empty tuple (MindSpore miscounts its outputs).
 """
 import functools
 import logging
@@ -269,7 +271,8 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
                 layers = self._all_layers(layers, redamp)
         inverses = self._stored_inverses()
         if self.refresh_rule.per_layer:                   # one branch per layer inside
-            inverses = self._inverted(inverses, factors, damping, layers)
+            if due:
+                inverses = self._inverted(inverses, factors, damping, layers)
         elif due:
             inverses = self._inverted(inverses, factors, damping, layers)
         self._store_inverses(inverses, due)
@@ -430,9 +433,10 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
     def _inverted(self, state, factors, damping, layers):
         """New inverse state: every owned layer that is ready (and selected by ``layers``) re-inverted.
 
-        With a per-layer rule each layer's inversion is its own single-level run-time branch, so a
-        step that refreshed one layer inverts only that layer (one branch dispatch per owned layer
-        per step); otherwise the caller runs this under one branch for all layers."""
+        With a per-layer rule each layer's inversion is its own run-time branch, so a step that
+        refreshed one layer inverts only that layer; the caller runs this under one outer branch,
+        taken when any layer is due, so that a step which refreshed nothing dispatches one branch
+        instead of one per layer. Otherwise the caller runs this under one branch for all layers."""
         ready = LayerCounters.ready(factors[1])
         if layers is not None:
             ready = ops.logical_and(ready, ops.stack(layers))

@@ -16,9 +16,9 @@ Every rule cell offers the same four decisions to the engine:
   so that the capture decision uses the state just computed instead of reading its Parameter a
   second time (MindSpore 2.10 copies every read of a Parameter that a graph reads twice).
 
-``per_layer`` rules invert layer by layer, each layer in its own single-level run-time branch, so a
-step that refreshed one layer's statistics inverts only that layer; the others invert every layer
-under one branch when due.
+``per_layer`` rules invert layer by layer, each layer in its own run-time branch (all of them under
+one branch taken when any layer is due), so a step that refreshed one layer's statistics inverts
+only that layer; the others invert every layer under one branch when due.
 """
 import dataclasses
 from typing import ClassVar, Optional
