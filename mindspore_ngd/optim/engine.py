@@ -364,17 +364,28 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         a_counts, g_counts, was_demoted = state[1]
         demoted = ops.logical_or(was_demoted, ops.stack(unseen))
         demoted_each, a_each, g_each = ops.unstack(demoted), ops.unstack(a_counts), ops.unstack(g_counts)
+        # an owner's fold that took nothing: nothing taken or rejected, no change (-1, as block.fold
+        # reports it); a rank that does not own the layer contributes zeros to the agreement
+        idle = (zero,) * 4 + ((-ops.ones((), ms.float32),) * 2 if track else ())
         folded, outcomes = (), ()
         for k in range(self.num_layers):
             block = self.blocks[k]
+            a, g, outcome = state[0][k][0], state[0][k][1], (zero,) * (6 if track else 4)
             if block.owned:
+                outcome = idle
                 take_a, take_g = self.capture_control.layer_flags(k)
                 keep = ops.logical_and(ops.logical_not(demoted_each[k]), finite)
-                a, g, outcome = block.fold(state[0][k], (a_each[k], g_each[k]), a_batches[k], g_batches[k],
-                                           ops.logical_and(take_a, keep), ops.logical_and(take_g, keep),
-                                           self.factor_decay, track, damping if damped else None)
-            else:
-                a, g, outcome = state[0][k][0], state[0][k][1], (zero,) * (6 if track else 4)
+                take_a, take_g = ops.logical_and(take_a, keep), ops.logical_and(take_g, keep)
+                if self.refresh_rule.per_layer:
+                    # per-statistic intervals: most steps fold a few layers, so each layer's fold is a
+                    # run-time branch of its own (nested in the fold's; like the per-layer inversions)
+                    if ops.logical_or(take_a, take_g):
+                        a, g, outcome = block.fold(state[0][k], (a_each[k], g_each[k]), a_batches[k],
+                                                   g_batches[k], take_a, take_g, self.factor_decay, track,
+                                                   damping if damped else None)
+                else:
+                    a, g, outcome = block.fold(state[0][k], (a_each[k], g_each[k]), a_batches[k], g_batches[k],
+                                               take_a, take_g, self.factor_decay, track, damping if damped else None)
             folded += ((a, g),)
             outcomes += (outcome,)
         # what each statistic's fold did, made identical on every rank (distributed: the owners' outcome)
