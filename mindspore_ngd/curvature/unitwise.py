@@ -3,7 +3,8 @@
 Each channel c is a unit with its own 2x2 Fisher of (gamma_c, beta_c), stored as the three distinct
 entries per channel in a (C, 3) Parameter ``{prefix}.{layer}.F``; its update count is stacked with
 the other BatchNorm layers' in :class:`~mindspore_ngd.curvature.counters.LayerCounters`. The capture
-cell probes the per-example gradients inside the network (see :class:`mindspore_ngd.capture.NormCapture`). The natural gradient is the closed-form
+cell probes the per-example gradients inside the network (see
+:class:`mindspore_ngd.capture.NormCapture`). The natural gradient is the closed-form
 ``(F_c + damping I)^-1 [g_gamma, g_beta]``, computed for every BatchNorm layer at once by
 :class:`UnitBatchNormStack`.
 """
@@ -73,10 +74,10 @@ class UnitBatchNormBlock(nn.Cell):
 class UnitBatchNormStack(nn.Cell):
     """The unit-wise natural gradient of every BatchNorm layer at once.
 
-    Every BatchNorm channel is its own 2x2 problem, so the layers' channels are concatenated and solved
-    by one set of element-wise kernels instead of one set per layer (per step, about 20 kernels
-    whatever the number of layers, against about 20 per layer). The element-wise results, and the
-    per-layer dot products of the KL clip, are bit-identical to the per-layer computation.
+    Every BatchNorm channel is its own 2x2 problem, so the layers' channels are concatenated and the
+    solves and the never-captured selection run once over all of them, not once per layer; only
+    gathering the gradients, the KL clip's dot products and the cut back into layers stay per layer.
+    The results, and those dot products, are bit-identical to the per-layer computation.
 
     Args:
         blocks (list of UnitBatchNormBlock): the optimizer's BatchNorm blocks, in order.

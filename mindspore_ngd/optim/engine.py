@@ -24,10 +24,11 @@ in the main graph, never inside a run-time branch (a Parameter assigned inside a
 tensor is disconnected from its host value, so a later ``load_param_into_net`` would not reach the
 graph; the capture's batch buffers, used only inside branches, are therefore not Parameters of the
 optimizer); run-time branches are single-level in the capture (a nested one was seen to hang the
-CPU graph scheduler there), and nested only for SP-NGD's per-layer inversions, under one branch
-taken when any layer is due (tested with every inverse method and on two msrun ranks); the batch
-statistics are read after the gradients (data dependency on a value computed from every gradient);
-a branch never returns an empty tuple (MindSpore miscounts its outputs).
+CPU graph scheduler there), and nested only for SP-NGD's per-layer folds and inversions, under the
+fold's branch and one taken when any layer is due (tested with every inverse method and on two
+msrun ranks); the batch statistics are read after the gradients (data dependency on a value
+computed from every gradient); a branch never returns an empty tuple (MindSpore miscounts its
+outputs).
 """
 import functools
 import logging
