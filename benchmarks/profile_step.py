@@ -1,13 +1,18 @@
 """Where a training step's time goes: MindSpore's profiler on steps that refresh nothing.
 
     python -m benchmarks.profile_step [--models resnet20,fmnist-mlp-b1024] [--optimizers momentum,kfac-P/P,thor]
-                                      [--period 20] [--out results/]
+                                      [--period 20] [--data digits] [--spngd-warmup 300] [--out results/]
 
 For each model and optimizer (the networks, batches and optimizer settings of
 :mod:`benchmarks.cost_model`) it trains ``period + 1`` steps (step 0 and step ``period`` capture and
 invert), then profiles the ``period - 1`` steps that follow, none of which captures a statistic or
-inverts a factor for ``kfac-P/P`` and ``thor`` (``kfac`` captures factors on every step; SP-NGD's
-refreshes depend on the data, so it is not offered). The profiler (``mindspore.Profiler``, CPU
+inverts a factor for ``kfac-P/P`` and ``thor`` (``kfac`` captures factors on every step).
+
+SP-NGD's refreshes depend on the data: it trains ``--spngd-warmup`` more steps first, and the row
+reports how many statistics it refreshed in the profiled steps (``statistic_refreshes``; 0 makes
+them all steps without a refresh). On synthetic data its statistics keep moving; with ``--data
+digits`` (the digits CNN, ``digits-bn``, on the digits training split, as in the cost model) its
+intervals grow as in training. The profiler (``mindspore.Profiler``, CPU
 operator timeline) records every kernel launched; :func:`summarize_trace` reads its
 ``trace_view.json`` and reports, per step:
 
@@ -38,9 +43,9 @@ os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 import mindspore as ms  # noqa: E402
 
 from . import parse_names, save_results  # noqa: E402
-from .cost_model import MODELS, _batches, build_cell  # noqa: E402
+from .cost_model import DATA_SOURCES, DIGITS_SHAPE, MODELS, _batches, build_cell  # noqa: E402
 
-PROFILED = ("momentum", "kfac", "kfac-P/P", "thor")
+PROFILED = ("momentum", "kfac", "kfac-P/P", "spngd", "thor")
 DEFAULT_MODELS = ("resnet20", "fmnist-mlp-b1024")
 DEFAULT_OPTIMIZERS = ("momentum", "kfac-P/P", "thor")
 _KERNEL = re.compile(r"-op\d+$")
@@ -92,23 +97,26 @@ def read_trace(path):
         return json.load(handle)
 
 
-def profile_one(model_name, optimizer, period, keep=None):
-    """Profile ``period - 1`` steps that refresh nothing; returns :func:`summarize_trace` plus the
+def profile_one(model_name, optimizer, period, keep=None, data="synthetic", spngd_warmup=0):
+    """Profile ``period - 1`` steps that refresh nothing (SP-NGD: after ``spngd_warmup`` more steps,
+    with the statistics it refreshed in them counted); returns :func:`summarize_trace` plus the
     profiled wall time per step (``step_ms``) and the host gap (``gap_ms``)."""
     if optimizer not in PROFILED:
         raise ValueError(f"optimizer must be one of {PROFILED}, got {optimizer!r}")
     if period < 2:
         raise ValueError(f"period must be >= 2, got {period}")
-    cell, _ = build_cell(model_name, optimizer, period)
-    batches = _batches(model_name)
-    for step in range(period + 1):                  # steps 0 .. period: both refresh steps
+    cell, opt = build_cell(model_name, optimizer, period)
+    batches = _batches(model_name, data=data)
+    warm = period + 1 + (spngd_warmup if optimizer == "spngd" else 0)
+    for step in range(warm):                        # steps 0 .. period: both refresh steps
         cell(*batches[step % len(batches)]).asnumpy()
     path = keep or tempfile.mkdtemp(prefix="ngd_profile_")
     steps = period - 1
+    refreshes = opt.state_counters()["statistic_refreshes"] if optimizer == "spngd" else None
     try:
         profiler = ms.Profiler(output_path=path)
         start = time.perf_counter()
-        for step in range(steps):
+        for step in range(warm, warm + steps):
             cell(*batches[step % len(batches)]).asnumpy()
         step_ms = (time.perf_counter() - start) / steps * 1e3
         profiler.stop()
@@ -118,8 +126,16 @@ def profile_one(model_name, optimizer, period, keep=None):
         if keep is None:
             shutil.rmtree(path, ignore_errors=True)
     summary.update(model=model_name, optimizer=optimizer, steps=steps, step_ms=step_ms,
-                   gap_ms=step_ms - summary["kernel_ms"])
+                   gap_ms=step_ms - summary["kernel_ms"], data=data)
+    if refreshes is not None:
+        summary["statistic_refreshes"] = opt.state_counters()["statistic_refreshes"] - refreshes
     return summary
+
+
+def _label(row):
+    if "statistic_refreshes" not in row:
+        return row["optimizer"]
+    return f"{row['optimizer']} ({row['statistic_refreshes']} statistic refreshes)"
 
 
 def markdown(rows, top=8):
@@ -129,13 +145,13 @@ def markdown(rows, top=8):
         reg = r["regions"]
         counts = " / ".join(f"{reg.get(k, {'kernels': 0})['kernels']:.0f}"
                             for k in ("forward", "backward", "optimizer", "other"))
-        lines.append(f"| {r['model']} | {r['optimizer']} | {r['step_ms']:.1f} | {r['kernel_ms']:.1f} | "
+        lines.append(f"| {r['model']} | {_label(r)} | {r['step_ms']:.1f} | {r['kernel_ms']:.1f} | "
                      f"{r['gap_ms']:.1f} | {r['kernels']:.0f} | {counts} | "
                      f"{reg.get('optimizer', {'ms': 0.0})['ms']:.1f} |")
     lines += ["", "| model | optimizer | most kernels per step (op: kernels, ms) |", "|---|---|---|"]
     for r in rows:
         most = sorted(r["ops"].items(), key=lambda item: -item[1]["kernels"])[:top]
-        lines.append(f"| {r['model']} | {r['optimizer']} | "
+        lines.append(f"| {r['model']} | {_label(r)} | "
                      + ", ".join(f"{op}: {v['kernels']:.0f}, {v['ms']:.1f}" for op, v in most) + " |")
     return "\n".join(lines)
 
@@ -145,12 +161,20 @@ def parse_args(argv=None):
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"among {', '.join(MODELS)}")
     parser.add_argument("--optimizers", default=",".join(DEFAULT_OPTIMIZERS), help=f"among {', '.join(PROFILED)}")
     parser.add_argument("--period", type=int, default=20, help="refresh period of kfac-P/P and thor (>= 2)")
+    parser.add_argument("--data", default="synthetic", choices=DATA_SOURCES,
+                        help="synthetic batches, or the digits (models with 1x8x8 inputs: digits-bn)")
+    parser.add_argument("--spngd-warmup", type=int, default=300,
+                        help="SP-NGD's extra steps before the profiled ones, so that its intervals have grown")
     parser.add_argument("--out", default="results", help="output directory of the JSON")
     args = parser.parse_args(argv)
     args.models = parse_names(parser, "--models", args.models, list(MODELS))
     args.optimizers = parse_names(parser, "--optimizers", args.optimizers, list(PROFILED))
     if args.period < 2:
         parser.error(f"--period must be an integer >= 2, got {args.period}")
+    if args.spngd_warmup < 0:
+        parser.error(f"--spngd-warmup must be an integer >= 0, got {args.spngd_warmup}")
+    if args.data == "digits" and any(tuple(MODELS[m][1]) != DIGITS_SHAPE for m in args.models):
+        parser.error(f"--data digits needs models with {DIGITS_SHAPE} inputs (digits-bn), got {','.join(args.models)}")
     return args
 
 
@@ -158,11 +182,13 @@ def main(argv=None):
     args = parse_args(argv)
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
-    rows = [profile_one(model, opt, args.period) for model in args.models for opt in args.optimizers]
+    rows = [profile_one(model, opt, args.period, data=args.data, spngd_warmup=args.spngd_warmup)
+            for model in args.models for opt in args.optimizers]
     table = markdown(rows)
     print(table)
     command = "python -m benchmarks.profile_step " + " ".join(argv if argv is not None else sys.argv[1:])
-    return save_results(args.out, "profile_step", {"command": command, "period": args.period, "rows": rows,
+    return save_results(args.out, "profile_step", {"command": command, "period": args.period, "data": args.data,
+                                                   "spngd_warmup": args.spngd_warmup, "rows": rows,
                                                    "markdown": table})
 
 

@@ -37,8 +37,10 @@ def test_trace_summary_counts_kernels_per_step_by_region_and_type():
 
 @pytest.mark.parametrize("argv, words", [
     (["--models", "vgg"], ["--models", "'vgg'", "resnet20"]),
-    (["--optimizers", "spngd"], ["--optimizers", "'spngd'", "kfac-P/P"]),
+    (["--optimizers", "adam"], ["--optimizers", "'adam'", "kfac-P/P"]),
     (["--period", "1"], ["--period", ">= 2"]),
+    (["--spngd-warmup", "-1"], ["--spngd-warmup", ">= 0"]),
+    (["--models", "resnet20", "--data", "digits"], ["--data digits", "(1, 8, 8)", "resnet20"]),
 ])
 def test_cli_rejects_bad_arguments_naming_them(argv, words, capsys):
     with pytest.raises(SystemExit):
@@ -62,3 +64,11 @@ def test_profiles_a_tiny_network_and_finds_the_optimizers_kernels(tmp_path):
     assert momentum["regions"]["backward"]["kernels"] == thor["regions"]["backward"]["kernels"]
     assert thor["ops"]["Assign"]["kernels"] > 0 and "Assign" not in momentum["ops"]
     assert thor["step_ms"] > 0 and thor["kernel_ms"] > 0
+
+
+def test_spngd_is_profiled_with_the_statistics_it_refreshed_in_the_window(tmp_path):
+    row = profile_step.profile_one("tiny-mlp", "spngd", 3, spngd_warmup=2)
+    assert row["steps"] == 2 and row["kernels"] > 0
+    assert isinstance(row["statistic_refreshes"], int) and 0 <= row["statistic_refreshes"] <= 2 * 2
+    table = profile_step.markdown([row])
+    assert f"| tiny-mlp | spngd ({row['statistic_refreshes']} statistic refreshes) |" in table
