@@ -67,9 +67,6 @@ class UnitBatchNormBlock(nn.Cell):
     def write_factors(self, fisher):
         ops.assign(self.fisher, fisher)
 
-    def gradients(self, gradients):
-        return (ops.cast(gradients[self.gamma_index], ms.float32), ops.cast(gradients[self.beta_index], ms.float32))
-
 
 class UnitBatchNormStack(nn.Cell):
     """The unit-wise natural gradient of every BatchNorm layer at once.

@@ -360,7 +360,9 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
                 unscaled_f += (f_batch * correction,)
             g_batches, f_batches = unscaled, unscaled_f
         track = self.policy.refresh.track_changes
-        damped = self._damped_changes
+        # what the changes are measured against (StaleIntervals.measure): the damped statistics, or None
+        fold_damping = damping if self._damped_changes else None
+        norm_damping = self.policy.batchnorm_damping if self._damped_changes else None
         zero = ops.zeros((), ms.float32)
         a_counts, g_counts, was_demoted = state[1]
         demoted = ops.logical_or(was_demoted, ops.stack(unseen))
@@ -383,10 +385,10 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
                     if ops.logical_or(take_a, take_g):
                         a, g, outcome = block.fold(state[0][k], (a_each[k], g_each[k]), a_batches[k],
                                                    g_batches[k], take_a, take_g, self.factor_decay, track,
-                                                   damping if damped else None)
+                                                   fold_damping)
                 else:
                     a, g, outcome = block.fold(state[0][k], (a_each[k], g_each[k]), a_batches[k], g_batches[k],
-                                               take_a, take_g, self.factor_decay, track, damping if damped else None)
+                                               take_a, take_g, self.factor_decay, track, fold_damping)
             folded += ((a, g),)
             outcomes += (outcome,)
         # what each statistic's fold did, made identical on every rank (distributed: the owners' outcome)
@@ -412,7 +414,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         for j in range(self.num_norms):
             fisher, count, bad, change = self.norm_blocks[j].fold(
                 state[3][j], f_each[j], f_batches[j], ops.logical_and(self.capture_control.norm_flag(j), finite),
-                self.factor_decay, track, self.policy.batchnorm_damping if damped else None)
+                self.factor_decay, track, norm_damping)
             norms += (fisher,)
             norm_counts += (count,)
             norm_changes += (change,)
@@ -501,21 +503,21 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         matrices = self.exchange.gather(own, factors[2])
         # a demoted layer's update is the plain one: outside the KL budget and never rescaled
         demoted = factors[1][2]
-        dots, norm_dots = (), ()
-        for k in range(self.num_layers):
-            dots += (ops.reduce_sum(matrices[k] * self.blocks[k].gradient(gradients)),)
-        pairs, stacked = (), None
-        if self.num_norms:      # every BatchNorm layer's channels at once, cut into layers at the end
-            stack = self.norm_stack
-            norm_grads = stack.gradients(gradients)
-            stacked = stack.precondition(factors[3], factors[4], norm_grads, self.policy.batchnorm_damping)
-            norm_dots = stack.dots(stacked, norm_grads)
-            pairs = stack.layer_pairs(stacked)
+        stacked, norm_grads = None, None
+        if self.num_norms:      # every BatchNorm layer's channels at once, cut into layers where needed
+            norm_grads = self.norm_stack.gradients(gradients)
+            stacked = self.norm_stack.precondition(factors[3], factors[4], norm_grads,
+                                                   self.policy.batchnorm_damping)
         if self.policy.kl_clip is None:
-            return matrices, pairs
+            return matrices, self._norm_pairs(stacked)
         if self.is_group_lr:
-            vg = self._group_vg(matrices, pairs, gradients, lr)
+            vg = self._group_vg(matrices, self._norm_pairs(stacked), self._norm_pairs(norm_grads), gradients, lr)
         else:
+            dots, norm_dots = (), ()
+            for k in range(self.num_layers):
+                dots += (ops.reduce_sum(matrices[k] * self.blocks[k].gradient(gradients)),)
+            if self.num_norms:
+                norm_dots = self.norm_stack.dots(stacked, norm_grads)
             kept = ops.unstack(ops.select(demoted, ops.zeros((self.num_layers,), ms.float32), ops.stack(dots)))
             vg = ops.addn(kept + norm_dots) * lr * lr
         usable = ops.logical_and(vg > 0, ops.isfinite(vg))
@@ -527,12 +529,19 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         for k in range(self.num_layers):
             scaled += (matrices[k] * factor[k],)
         if self.num_norms:
-            scaled_pairs = self.norm_stack.layer_pairs((stacked[0] * nu, stacked[1] * nu))
+            scaled_pairs = self._norm_pairs((stacked[0] * nu, stacked[1] * nu))
         return scaled, scaled_pairs
 
-    def _group_vg(self, matrices, pairs, gradients, lr):
+    def _norm_pairs(self, stacked):
+        """A stacked BatchNorm (gamma, beta) pair cut into per-layer pairs; () without BatchNorm layers."""
+        if self.num_norms:
+            return self.norm_stack.layer_pairs(stacked)
+        return ()
+
+    def _group_vg(self, matrices, pairs, norm_grads, gradients, lr):
         """``sum_i lr_i^2 <P_i, g_i>`` over the preconditioned parameters, each with its own learning
-        rate (parameter groups): a layer's weight and bias columns may belong to different groups."""
+        rate (parameter groups): a layer's weight and bias columns may belong to different groups.
+        ``pairs`` and ``norm_grads`` are the BatchNorm layers' preconditioned and plain (gamma, beta)."""
         terms = ()
         for k in range(self.num_layers):
             block = self.blocks[k]
@@ -547,7 +556,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
                 terms += (ops.reduce_sum(product) * lr_w * lr_w,)
         for j in range(self.num_norms):
             block = self.norm_blocks[j]
-            grads = block.gradients(gradients)
+            grads = norm_grads[j]
             lr_g, lr_b = self._lr_of(lr, block.gamma_index), self._lr_of(lr, block.beta_index)
             terms += (ops.reduce_sum(pairs[j][0] * grads[0]) * lr_g * lr_g,
                       ops.reduce_sum(pairs[j][1] * grads[1]) * lr_b * lr_b)

@@ -11,7 +11,7 @@ from mindspore import nn, Tensor
 from mindspore.train import Model
 
 import mindspore_ngd as ngd
-from nets import DenseNet, set_weights
+from nets import BNNet, DenseNet, set_weights
 from reference import numpy_kfac as ref
 
 CE = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
@@ -142,6 +142,31 @@ def test_bad_groups_raise_before_compilation(case):
         params = [params]
     with pytest.raises(error, match=match):
         ngd.KFAC(net, learning_rate=0.1, verbose=False, params=params)
+
+
+def test_groups_of_equal_lr_clip_like_the_ungrouped_optimizer_with_unit_wise_batchnorm():
+    """SP-NGD's KL clip with parameter groups sums each layer's and each BatchNorm gamma/beta's term
+    with its own lr; with the same lr in every group it must give the ungrouped optimizer's update."""
+    from training import batch, train_step
+
+    def weights(grouped):
+        ms.set_seed(0)
+        net = BNNet()
+        params = net.trainable_params()
+        if grouped:
+            norm = [p for p in params if p.name.startswith("bn.")]
+            params = [{"params": [p for p in params if not p.name.startswith("bn.")], "lr": 0.05},
+                      {"params": norm, "lr": 0.05}]
+        opt = ngd.SPNGD(net, 0.05, 1e-2, kl_clip=1e-4, verbose=False, params=params)
+        assert opt.is_group_lr == grouped and len(opt.norm_specs) == 1
+        step = train_step(net, opt)
+        for i in range(4):
+            step(*batch(i))
+        return {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+
+    plain, grouped = weights(False), weights(True)
+    for name, value in plain.items():
+        np.testing.assert_allclose(grouped[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
 
 
 def test_a_plain_parameter_list_is_the_ungrouped_optimizer():
