@@ -440,6 +440,14 @@ def extra_seconds(event, kernel_times):
 
 
 # ---------------------------------------------------------------------------------------- benchmark
+def data_error(data, models):
+    """Why ``data`` cannot feed ``models`` (the digits need models with 1x8x8 inputs), or None."""
+    unfit = [m for m in models if data == "digits" and tuple(MODELS[m][1]) != DIGITS_SHAPE]
+    if not unfit:
+        return None
+    return f"--data digits needs models with {DIGITS_SHAPE} inputs (digits-bn), got {', '.join(unfit)}"
+
+
 def _batches(model_name, count=DATA_BATCHES, batch=None, data="synthetic"):
     """The (inputs, labels) batches of ``batch`` examples (default: the model's), cycled by every
     optimizer alike: ``count`` distinct synthetic ones, or with ``data="digits"`` one epoch of the
@@ -449,9 +457,9 @@ def _batches(model_name, count=DATA_BATCHES, batch=None, data="synthetic"):
     if data not in DATA_SOURCES:
         raise ValueError(f"data must be one of {DATA_SOURCES}, got {data!r}")
     if data == "digits":
-        if tuple(shape) != DIGITS_SHAPE:
-            raise ValueError(f"data='digits' needs a model with {DIGITS_SHAPE} inputs, and {model_name!r} takes "
-                             f"{tuple(shape)}")
+        error = data_error(data, (model_name,))
+        if error:
+            raise ValueError(error)
         from .data import digits_arrays
         x, y = digits_arrays()[:2]
         if batch > len(y):
@@ -783,8 +791,8 @@ def main(argv=None):
     models = tuple(args.models.split(","))
     if any(m not in MODELS for m in models):
         raise SystemExit(f"--models must name models among {tuple(MODELS)}")
-    if args.data == "digits" and any(tuple(MODELS[m][1]) != DIGITS_SHAPE for m in models):
-        parser.error(f"--data digits needs models with {DIGITS_SHAPE} inputs (digits-bn), got {args.models!r}")
+    if data_error(args.data, models):
+        parser.error(data_error(args.data, models))
     timer = KernelTimer(args.repeats)
     rows, layers, texts, path = [], {}, [], None
     for model_name, batch in itertools.product(models, batches):

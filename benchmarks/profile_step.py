@@ -43,7 +43,7 @@ os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 import mindspore as ms  # noqa: E402
 
 from . import parse_names, save_results  # noqa: E402
-from .cost_model import DATA_SOURCES, DIGITS_SHAPE, MODELS, _batches, build_cell  # noqa: E402
+from .cost_model import DATA_SOURCES, MODELS, _batches, build_cell, data_error  # noqa: E402
 
 PROFILED = ("momentum", "kfac", "kfac-P/P", "spngd", "thor")
 DEFAULT_MODELS = ("resnet20", "fmnist-mlp-b1024")
@@ -173,8 +173,8 @@ def parse_args(argv=None):
         parser.error(f"--period must be an integer >= 2, got {args.period}")
     if args.spngd_warmup < 0:
         parser.error(f"--spngd-warmup must be an integer >= 0, got {args.spngd_warmup}")
-    if args.data == "digits" and any(tuple(MODELS[m][1]) != DIGITS_SHAPE for m in args.models):
-        parser.error(f"--data digits needs models with {DIGITS_SHAPE} inputs (digits-bn), got {','.join(args.models)}")
+    if data_error(args.data, args.models):
+        parser.error(data_error(args.data, args.models))
     return args
 
 
