@@ -55,6 +55,7 @@ from mindspore import nn, Tensor  # noqa: E402
 
 import mindspore_ngd as ngd  # noqa: E402
 from . import parse_names, save_results  # noqa: E402
+from .baselines import BranchedAdam, BranchedMomentum  # noqa: E402
 from .data import DataUnavailable  # noqa: E402
 from .tasks import TASKS  # noqa: E402
 
@@ -105,6 +106,14 @@ def _momentum(net, lr, damping, seed, **overrides):
 
 def _adam(net, lr, damping, seed, **overrides):
     return nn.Adam(net.trainable_params(), learning_rate=lr, **{**ADAM_SETTINGS, **overrides})
+
+
+def _momentum_cf(net, lr, damping, seed, **overrides):
+    return BranchedMomentum(net.trainable_params(), learning_rate=lr, **{**MOMENTUM_SETTINGS, **overrides})
+
+
+def _adam_cf(net, lr, damping, seed, **overrides):
+    return BranchedAdam(net.trainable_params(), learning_rate=lr, **{**ADAM_SETTINGS, **overrides})
 
 
 def _sgd(net, lr, damping, seed, **overrides):
@@ -158,6 +167,10 @@ OPTIMIZERS.update({
     "kfac-10/100": _variant(OPTIMIZERS["kfac"], factor_update_interval=10, inverse_update_interval=100),
     # SP-NGD with each change measured against the statistic alone, as before refresh_measure="damped"
     "spngd-raw": _variant(OPTIMIZERS["spngd"], refresh_measure="raw"),
+    # the same first-order updates with one never-taken run-time branch in the step's graph, which
+    # MindSpore 2.10's CPU runtime runs at the fast of its two speeds (benchmarks/baselines.py)
+    "momentum-cf": OptimizerSpec(_momentum_cf, SGD_LRS, settings=MOMENTUM_SETTINGS),
+    "adam-cf": OptimizerSpec(_adam_cf, ADAM_LRS, settings=ADAM_SETTINGS, family="adam"),
 })
 
 
@@ -437,12 +450,13 @@ def summarize(task, runs):
     return {"grid": grid, "best": best, "targets": {str(k): v for k, v in targets.items()}, "anchor": anchor}
 
 
-ANCHORS = ("momentum", "adam")
+ANCHORS = ("momentum", "adam", "momentum-cf", "adam-cf")
 
 
 def _anchor(best):
-    """The better first-order anchor: of tuned Momentum and Adam, the one with the fewer median training
-    seconds (compilation excluded) to the target; None when neither ran."""
+    """The better first-order anchor: of tuned Momentum and Adam (stock, or with a run-time branch:
+    ``momentum-cf``, ``adam-cf``, when they ran), the one with the fewer median training seconds
+    (compilation excluded) to the target; None when none ran."""
     present = [name for name in ANCHORS if name in best]
     if not present:
         return None

@@ -156,6 +156,20 @@ def test_fixed_target_race_without_momentum_compares_with_adam():
     assert "| kfac | 0.1, 0.01 |" in text
 
 
+def test_the_anchor_may_be_a_first_order_optimizer_with_a_runtime_branch():
+    task = TASKS["digits-cnn-b512"]
+    runs = []
+    for seed in range(2):
+        runs += [_run("adam", 0.01, None, seed, (0.9, 0.96), seconds=1.5),          # 3 s to the target
+                 _run("adam-cf", 0.01, None, seed, (0.9, 0.96), seconds=1.0),       # 2 s: the anchor
+                 _run("thor", 0.1, 1e-2, seed, (0.99,), seconds=1.5, compile_s=9.0)]
+    summary = convergence.summarize(task, runs)
+    assert summary["anchor"] == "adam-cf"
+    assert summary["best"]["thor"]["seconds_to_target_excl_compile_vs_anchor"]["median"] == pytest.approx(0.75)
+    assert convergence.OPTIMIZERS["adam-cf"].family == "adam"
+    assert "adam-cf" not in convergence.DEFAULT_OPTIMIZERS
+
+
 def test_a_reference_that_never_reaches_the_target_gives_no_ratio():
     task = convergence.with_target(TASKS["digits-cnn-b512"], 0.9)
     runs = [_run("momentum", 0.1, None, 0, (0.5, 0.6, 0.7)), _run("adam", 0.01, None, 0, (0.8, 0.95)),

@@ -162,3 +162,23 @@ def test_compile_phases_are_read_from_the_verbose_log_and_tabled():
     table = cost_model.compile_markdown(rows)
     assert "| kfac | 11.5 | 13.4 | 2.5 | 27.4 |" in table
     assert "| cpu_smoke | kfac | 8 | 29 | 25.0 |" in table
+
+
+def test_the_ratios_divide_by_the_faster_of_the_two_momentum_graphs(tmp_path):
+    path = cost_model.main(["--models", "tiny-mlp", "--optimizers", "momentum,momentum-cf,kfac-P/P", "--rounds", "1",
+                            "--period", "2", "--repeats", "1", "--out", str(tmp_path)])
+    with open(path, encoding="utf-8") as handle:
+        result = json.load(handle)
+    (row,) = result["rows"]                               # the baselines get no row of their own
+    medians = row["baseline_medians_s"]
+    assert set(medians) == {"momentum", "momentum-cf"} and all(t > 0 for t in medians.values())
+    assert row["baseline"] == min(medians, key=medians.get)
+    assert row["momentum_median_s"] == min(medians.values())
+    assert row["amortised_ratio"] == pytest.approx(row["amortised_s"] / min(medians.values()))
+    other = "momentum" if row["baseline"] == "momentum-cf" else "momentum-cf"
+    assert f"({row['baseline']}; {other} " in result["markdown"]
+
+
+def test_the_optimizers_must_start_with_a_baseline():
+    with pytest.raises(SystemExit, match="must start with one of"):
+        cost_model.main(["--models", "tiny-mlp", "--optimizers", "kfac,momentum", "--out", ""])
