@@ -84,7 +84,8 @@ def digits_network(name):
 
 def train_digits(optimizer="kfac", epochs=10, lr=0.05, batch_size=64, seed=0, verbose=True, sink=False,
                  network="cnn", **kfac_kwargs):
-    """Train a digits network with "momentum", "kfac", "spngd" or "thor"; return the per-epoch rows.
+    """Train a digits network with "momentum", "kfac", "spngd" or "thor" (or "momentum-cf", Momentum
+    with a run-time branch: :mod:`benchmarks.baselines`); return the per-epoch rows.
 
     ``kfac_kwargs`` override the second-order optimizer's arguments. SP-NGD rows also carry the
     epoch's refresh ratio (statistics recomputed per step / number of statistics).
@@ -113,8 +114,11 @@ def train_digits(optimizer="kfac", epochs=10, lr=0.05, batch_size=64, seed=0, ve
         opt = SPNGD(net, learning_rate=lr, **kwargs)
     elif optimizer == "momentum":
         opt = nn.Momentum(net.trainable_params(), learning_rate=lr, momentum=0.9)
+    elif optimizer == "momentum-cf":          # the same update from a graph with a run-time branch
+        from .baselines import BranchedMomentum
+        opt = BranchedMomentum(net.trainable_params(), learning_rate=lr, momentum=0.9)
     else:
-        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS + ('momentum-cf',)}, got {optimizer!r}")
     model = Model(net, loss_fn, opt)
     callbacks = []
     if isinstance(opt, NGDOptimizer) and opt.policy.refresh.per_statistic:
