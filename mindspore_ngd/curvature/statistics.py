@@ -6,7 +6,7 @@ factor, a unit-wise BatchNorm Fisher, or (THOR's trace rule) a trace.
 import mindspore as ms
 from mindspore import ops
 
-__all__ = ["relative_change", "damped_square_norm", "fold_statistic"]
+__all__ = ["relative_change", "relative_changes", "damped_square_norm", "fold_statistic"]
 
 
 def relative_change(new, old, reference=None):
@@ -21,6 +21,15 @@ def relative_change(new, old, reference=None):
     base = old_norm if reference is None else reference
     change = ops.sqrt(ops.reduce_sum(diff * diff) / ops.select(has_old, base, ops.ones_like(base)))
     return ops.select(has_old, change, ops.fill(ms.float32, (), float("inf")))
+
+
+def relative_changes(new, old):
+    """Elementwise ``|new - old| / |old|`` of two vectors (each entry as :func:`relative_change` of
+    scalars); +inf where ``old`` is zero."""
+    scale = ops.abs(old)
+    has_old = scale > 0
+    change = ops.abs(new - old) / ops.select(has_old, scale, ops.ones_like(scale))
+    return ops.select(has_old, change, ops.fill(ms.float32, old.shape, float("inf")))
 
 
 def damped_square_norm(matrix, shift):

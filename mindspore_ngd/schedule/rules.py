@@ -29,7 +29,7 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
 from .. import _validate
-from ..curvature.statistics import relative_change
+from ..curvature.statistics import relative_changes
 
 __all__ = ["FixedInterval", "StaleIntervals", "GrowingInterval", "interval_due", "stale_intervals",
            "grown_interval"]
@@ -314,20 +314,17 @@ class _GrowingCell(_RuleCell):
             return
         # a refresh point only probes traces; the next step captures the statistics whose trace moved
         # (every statistic before its first capture)
-        probed = self.control.probing()
-        moved = self._trace_moves(next_step)
-        flags = ()
-        for i in range(2 * len(self.blocks)):
-            flags += (ops.logical_and(probed, moved[i]),)
-        # the probe flags are overwritten only after every capture flag has used ``probed``: the read
-        # of the probe flag is not a snapshot (measured: without this, layers after the first read the
-        # flag already set for the next step and captured on the probe step itself)
-        self.control.set_each(flags)
-        self.control.set_probes(ops.depend(due, ops.stack(flags)))
+        flags = ops.logical_and(self.control.probing(), self._trace_moves(next_step))
+        # the probe flags are overwritten only after every capture flag has used ``probing()``: the
+        # read of the probe flag is not a snapshot (measured: without this, layers after the first read
+        # the flag already set for the next step and captured on the probe step itself)
+        self.control.set_each(ops.unstack(flags))
+        self.control.set_probes(ops.depend(due, flags))
 
     def _trace_moves(self, token):
-        """Per statistic (A of every layer, then G of every layer): did the batch trace move by more
-        than the threshold from the trace of the factor in use (or was it never captured)?
+        """A bool vector, per statistic (A of every layer, then G of every layer): did the batch trace
+        move by more than the threshold from the trace of the factor in use (or was it never captured)?
+        Computed on the vectors of all statistics at once.
 
         Distributed, the batch traces are averaged over the ranks and compared with the owners'
         factor traces (one sum over the ranks of [batch traces, owners' factor traces or 0]), so
@@ -335,20 +332,18 @@ class _GrowingCell(_RuleCell):
         layers = len(self.blocks)
         zero = ops.zeros((), ms.float32)
         batch, stored = (), ()
-        updates = ops.unstack(ops.concat((self.layer_counters.a_updates, self.layer_counters.g_updates)))
+        updates = ops.concat((self.layer_counters.a_updates, self.layer_counters.g_updates))
         for which in range(2):
             for k in range(layers):
                 block = self.blocks[k]
                 trace = ops.depend(block.batch_trace(which), token)
                 batch += (trace * self.control.g_correction() if which else trace,)
                 stored += (ops.trace(block.factor(which)) if block.owned else zero,)
-        total = ops.unstack(self.exchange.share_traces(ops.stack(batch + stored)))
-        moved = ()
-        for i in range(2 * layers):
-            change = relative_change(total[i] / self.exchange.world_size,
-                                     total[2 * layers + i] / self.exchange.grad_workers)
-            moved += (ops.logical_or(updates[i] == 0, change > self.trace_threshold),)
-        return moved
+        total = self.exchange.share_traces(ops.stack(batch + stored))
+        count = 2 * layers
+        change = relative_changes(total[:count] / self.exchange.world_size,
+                                  total[count:] / self.exchange.grad_workers)
+        return ops.logical_or(updates == 0, change > self.trace_threshold)
 
     def counters(self):
         return {"interval": int(self.interval.asnumpy()), "next_refresh": int(self.next_refresh.asnumpy()),

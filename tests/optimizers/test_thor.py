@@ -11,7 +11,7 @@ from mindspore import nn, Tensor
 from mindspore.train import Model
 
 import mindspore_ngd as ngd
-from mindspore_ngd.curvature.statistics import relative_change
+from mindspore_ngd.curvature.statistics import relative_change, relative_changes
 from mindspore_ngd.schedule.rules import GrowingInterval, grown_interval
 from mindspore_ngd.schedule.thor import thor_damping, thor_lr
 from nets import CONV_CASES, BNNet, DenseNet, make_conv_net
@@ -75,8 +75,25 @@ def test_growing_refresh_interval_planner_and_optimizer_agree():
 
 
 class _TraceRule(nn.Cell):
+    """The rule's test, on the vector of every statistic's trace at once (as the rule runs it)."""
+
     def construct(self, new, old, threshold):
-        return relative_change(new, old) > threshold
+        return relative_changes(new, old) > threshold
+
+
+class _Changes(nn.Cell):
+    def construct(self, new, old):
+        return relative_changes(new, old), relative_change(new[0], old[0])
+
+
+def test_relative_changes_of_vectors_equal_numpy_and_the_scalar_formula():
+    new = np.array([10.5, 3.0, 0.0, 1.0, -2.0], np.float32)
+    old = np.array([10.0, 4.0, 5.0, 0.0, -1.0], np.float32)
+    vector, scalar = _Changes()(Tensor(new), Tensor(old))
+    expected = np.abs(new - old) / np.abs(np.where(old == 0, 1.0, old))
+    expected[old == 0] = np.inf                       # nothing to compare with: a first capture
+    np.testing.assert_allclose(vector.asnumpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(scalar.asnumpy(), expected[0], rtol=1e-6)
 
 
 def test_trace_rule_on_a_synthetic_sequence():
@@ -85,7 +102,7 @@ def test_trace_rule_on_a_synthetic_sequence():
     kept = traces[0]
     decisions = []
     for value in traces[1:]:
-        changed = bool(rule(Tensor(np.float32(value)), Tensor(np.float32(kept)), 0.1).asnumpy())
+        changed = bool(rule(Tensor(np.float32([value])), Tensor(np.float32([kept])), 0.1).asnumpy()[0])
         decisions.append(changed)
         if changed:
             kept = value                  # the inverse is rebuilt from the new statistic
