@@ -87,7 +87,10 @@ class THOR(NGDOptimizer):
             raise TypeError(f"split_indices must be a list of ints or None, got {type(split_indices).__name__}")
         if not isinstance(enable_clip_grad, bool):
             raise TypeError(f"enable_clip_grad must be a bool, got {type(enable_clip_grad).__name__}")
-        rule = GrowingInterval(frequency, frequency_growth, max_frequency, trace_threshold)
+        # block-split factors invert cheaply: every layer under one branch at a refresh compiles faster
+        # than a branch per layer (GrowingInterval.layer_branches)
+        rule = GrowingInterval(frequency, frequency_growth, max_frequency, trace_threshold,
+                               layer_branches=split_dim is None)
         policy = Policy(name="thor", refresh=rule, damping_split=damping_split, inverse_method=inverse_method,
                         kl_clip=kl_clip, jitter=jitter, split_dim=split_dim,
                         clip_norm=1.0 if enable_clip_grad else None, adaptive_damping=adaptive_damping,

@@ -181,15 +181,22 @@ class GrowingInterval:
     """THOR's rule: statistics and inverses together at refresh points 0, f0, f0 + f1, ... with
     ``f_{i+1} = grown_interval(f_i)``; with ``trace_threshold`` a refresh point only probes the
     traces of the batch factors and the next step captures (and re-inverts) just the statistics
-    whose trace moved by more than ``trace_threshold`` (relative) from the factor in use."""
+    whose trace moved by more than ``trace_threshold`` (relative) from the factor in use.
+
+    ``layer_branches``: with traces, fold and invert each layer in a run-time branch of its own, so
+    that a refresh inverts only the layers whose statistics moved. False (what THOR chooses for
+    block-split factors, whose inversions are cheap) folds and inverts every layer under one branch,
+    keeping the new inverses of those layers only: the same result, a faster compile (measured 0.5 s
+    of 7.3 s on the Fashion-MNIST MLP) and more arithmetic at a refresh."""
     frequency: int = 100
     growth: float = 1.0
     max_frequency: Optional[int] = None
     trace_threshold: Optional[float] = None
+    layer_branches: bool = True
 
     @property
     def per_layer(self):
-        return self.trace_threshold is not None
+        return self.trace_threshold is not None and self.layer_branches
 
     track_changes: ClassVar[bool] = False
     per_statistic: ClassVar[bool] = False

@@ -121,6 +121,30 @@ def test_trace_threshold_controls_which_layers_refresh(threshold, expected_refre
     assert set(opt.factor_updates().values()) == {(expected_refreshes, expected_refreshes)}
 
 
+@pytest.mark.parametrize("threshold", [0.2, 1e-9])      # 0.2: the layers refresh 3 and 2 times
+def test_block_split_thor_with_traces_inverts_under_one_branch_with_the_same_result(threshold, monkeypatch):
+    def make(net):
+        return ngd.THOR(net, 0.05, 1e-2, frequency=2, trace_threshold=threshold, split_dim=2, verbose=False)
+
+    one, opt = weights_after(make, steps=7)
+    assert not opt.refresh_rule.per_layer             # split factors: one fold and one inversion branch
+    # the same optimizer with a run-time branch per layer, as THOR builds it without block splitting
+    import mindspore_ngd.optim.thor as thor_module
+    monkeypatch.setattr(thor_module, "GrowingInterval",
+                        lambda *args, **kwargs: GrowingInterval(*args, **{**kwargs, "layer_branches": True}))
+    per_layer, opt_per_layer = weights_after(make, steps=7)
+    assert opt_per_layer.refresh_rule.per_layer
+    for name in one:
+        np.testing.assert_array_equal(one[name], per_layer[name], err_msg=name)
+    assert opt.state_counters() == opt_per_layer.state_counters()
+    assert opt.factor_updates() == opt_per_layer.factor_updates()
+    if threshold == 0.2:                              # some layer kept its inverse at a refresh point
+        assert len(set(opt.state_counters()["layer_refreshes"])) == 2
+    _, dense = weights_after(lambda net: ngd.THOR(net, 0.05, 1e-2, frequency=2, trace_threshold=threshold,
+                                                  split_dim=None, verbose=False), steps=1)
+    assert dense.refresh_rule.per_layer               # dense inverses are costly: a branch per layer
+
+
 class _Traces(nn.Cell):
     def __init__(self, capture):
         super().__init__()
