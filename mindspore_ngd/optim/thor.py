@@ -10,8 +10,10 @@ What makes it THOR rather than K-FAC, all in the policy:
   squares; for a convolution a one-output-channel convolution of the squared input), and the next
   step captures just the statistics whose trace moved by more than ``trace_threshold`` (relative)
   from the trace of the factor in use. Layers with a recaptured statistic get new inverses; the
-  others keep theirs and pay no im2col, covariance or inversion. ``trace_threshold=None`` captures
-  and inverts everything at every refresh point;
+  others keep theirs and pay no im2col or covariance. With dense factors (``split_dim=None``) they
+  pay no inversion either (a run-time branch per layer); block-split factors are all inverted under
+  one branch, which compiles faster, and only the new inverses of the recaptured layers are kept.
+  ``trace_threshold=None`` captures and inverts everything at every refresh point;
 * hardware-driven block splitting: factors larger than ``split_dim`` are inverted as block-diagonal
   matrices of ``split_dim`` blocks (128 matches the Ascend cube unit); ``split_dim=None`` disables;
 * damping split as MindSpore's THOR, ``A + sqrt(damping) I`` and ``G + sqrt(damping) I``, no moving
