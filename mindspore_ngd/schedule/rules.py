@@ -209,6 +209,8 @@ class GrowingInterval:
             if self.max_frequency < self.frequency:
                 raise ValueError(f"max_frequency must be >= frequency ({self.frequency}), got {self.max_frequency}")
         _validate.optional_positive_float("trace_threshold", self.trace_threshold)
+        if not isinstance(self.layer_branches, bool):
+            raise TypeError(f"layer_branches must be a bool, got {type(self.layer_branches).__name__}")
         return self
 
     def plan(self, total_steps):

@@ -53,6 +53,14 @@ def test_split_factors_are_stored_as_blocks_and_train():
     assert all(np.isfinite(w).all() for w in weights.values())
 
 
+def test_layer_branches_is_validated_and_only_matters_with_traces():
+    with pytest.raises(TypeError, match="layer_branches must be a bool, got str"):
+        GrowingInterval(2, trace_threshold=0.1, layer_branches="yes").validated()
+    assert GrowingInterval(2, trace_threshold=0.1).per_layer
+    assert not GrowingInterval(2, trace_threshold=0.1, layer_branches=False).per_layer
+    assert not GrowingInterval(2).per_layer
+
+
 def test_growing_refresh_interval_planner_and_optimizer_agree():
     assert grown_interval(3, 1.5, None) == 5 and grown_interval(8, 2.0, 10) == 10
     assert grown_interval(4, 1.0, None) == 4 and grown_interval(2, 1.5, None) == 3     # no float32 round-up
