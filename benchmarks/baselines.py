@@ -1,7 +1,7 @@
 """First-order baselines whose training graph holds one run-time branch (``momentum-cf``, ``adam-cf``).
 
 Why they exist (measured 2026-11-24, Intel Xeon, 2 vCPU, MindSpore 2.10 CPU, graph mode; docs/cpu_notes.md,
-"Two speeds of a graph without control flow"): a training step whose graph has no run-time branch, such
+section 7, "A graph without a run-time branch runs at one of two speeds"): a training step whose graph has no run-time branch, such
 as ``nn.Momentum``'s or ``nn.Adam``'s, runs at one of two speeds that alternate from one stretch of
 steps to the next. The slow one is the speed of the same graph pinned to one core (``taskset -c 0``).
 A graph with a run-time branch, such as every natural-gradient optimizer's, ran at the fast speed
@@ -21,7 +21,11 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
-__all__ = ["with_runtime_branch", "BranchedMomentum", "BranchedAdam"]
+__all__ = ["MOMENTUM_KINDS", "with_runtime_branch", "BranchedMomentum", "BranchedAdam", "momentum_baseline"]
+
+# the step-time benchmarks' Momentum baselines: stock, and with one never-taken run-time branch; their
+# ratios divide by the faster median
+MOMENTUM_KINDS = ("momentum", "momentum-cf")
 
 
 def with_runtime_branch(optimizer_class):
@@ -47,3 +51,11 @@ def with_runtime_branch(optimizer_class):
 
 BranchedMomentum = with_runtime_branch(nn.Momentum)
 BranchedAdam = with_runtime_branch(nn.Adam)
+
+
+def momentum_baseline(kind, params, learning_rate, momentum=0.9):
+    """``nn.Momentum`` (``kind="momentum"``) or :data:`BranchedMomentum` (``"momentum-cf"``) over ``params``."""
+    if kind not in MOMENTUM_KINDS:
+        raise ValueError(f"kind must be one of {MOMENTUM_KINDS}, got {kind!r}")
+    cls = nn.Momentum if kind == "momentum" else BranchedMomentum
+    return cls(params, learning_rate=learning_rate, momentum=momentum)

@@ -108,7 +108,7 @@ from mindspore_ngd.curvature.factors import same_padding  # noqa: E402,F401  (th
 from mindspore_ngd.curvature.inverse import damped_inverse  # noqa: E402
 
 from . import save_results  # noqa: E402
-from .baselines import BranchedMomentum  # noqa: E402
+from .baselines import MOMENTUM_KINDS, momentum_baseline  # noqa: E402
 
 DEFAULT_PERIOD = 20
 THOR_SPLIT_DIM = 128            # THOR's default split_dim
@@ -159,7 +159,7 @@ DEFAULT_MODELS = ("resnet20", "convbn", "digits-bn", "fmnist-mlp", "fmnist-mlp-b
 OPTIMIZERS = ("momentum", "momentum-cf", "kfac", "kfac-P/P", "spngd", "thor")
 # first-order baselines; the ratios divide by the faster one's median (benchmarks/baselines.py: the
 # stock Momentum graph, without a run-time branch, often runs at the speed of one core)
-BASELINES = ("momentum", "momentum-cf")
+BASELINES = MOMENTUM_KINDS
 
 
 # ---------------------------------------------------------------------------------------- schedules
@@ -189,10 +189,8 @@ def build_cell(model_name, optimizer, period, seed=0, kl_clip=None):
     common = {"learning_rate": 0.01, "damping": 1e-2, "verbose": False}
     if kl_clip is not None:
         common["kl_clip"] = kl_clip
-    if optimizer == "momentum":
-        opt = nn.Momentum(net.trainable_params(), learning_rate=0.01, momentum=0.9)
-    elif optimizer == "momentum-cf":
-        opt = BranchedMomentum(net.trainable_params(), learning_rate=0.01, momentum=0.9)
+    if optimizer in BASELINES:
+        opt = momentum_baseline(optimizer, net.trainable_params(), 0.01)
     elif optimizer == "kfac":
         opt = KFAC(net, factor_update_interval=1, inverse_update_interval=period, **common)
     elif optimizer == "kfac-P/P":
@@ -611,8 +609,7 @@ def layer_markdown(model_name, batch, kind, table):
 
 def _baseline_cell(row):
     """The baseline's median step; with both Momentum graphs timed, which one and the other's median."""
-    medians = row.get("baseline_medians_s", {})
-    others = [f"{kind} {_ms(t)}" for kind, t in medians.items() if kind != row.get("baseline")]
+    others = [f"{kind} {_ms(t)}" for kind, t in row["baseline_medians_s"].items() if kind != row["baseline"]]
     if not others:
         return _ms(row["momentum_median_s"])
     return f"{_ms(row['momentum_median_s'])} ({row['baseline']}; {', '.join(others)})"
@@ -646,7 +643,7 @@ def graphs_markdown(rows):
         label = f"{r['model']} ({r['batch']})"
         if label not in seen:
             seen.add(label)
-            lines.append(f"| {label} | {r.get('baseline', 'momentum')} | "
+            lines.append(f"| {label} | {r['baseline']} | "
                          f"{' / '.join(_ms(t) for t in r['momentum_graph_medians_s'])} |")
         lines.append(f"| {label} | {r['optimizer']} | {' / '.join(_ms(t) for t in r['graph_medians_s'])} |")
     return "\n".join(lines)

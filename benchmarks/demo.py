@@ -91,6 +91,7 @@ def train_digits(optimizer="kfac", epochs=10, lr=0.05, batch_size=64, seed=0, ve
     epoch's refresh ratio (statistics recomputed per step / number of statistics).
     """
     from mindspore_ngd import KFAC, NGDOptimizer
+    from .baselines import MOMENTUM_KINDS, momentum_baseline
     from .data import array_dataset, digits_arrays
 
     x_train, y_train, x_test, y_test = digits_arrays()
@@ -112,11 +113,8 @@ def train_digits(optimizer="kfac", epochs=10, lr=0.05, batch_size=64, seed=0, ve
         kwargs = dict(damping=1e-2, momentum=0.9, kl_clip=1e-3, verbose=verbose)
         kwargs.update(kfac_kwargs)
         opt = SPNGD(net, learning_rate=lr, **kwargs)
-    elif optimizer == "momentum":
-        opt = nn.Momentum(net.trainable_params(), learning_rate=lr, momentum=0.9)
-    elif optimizer == "momentum-cf":          # the same update from a graph with a run-time branch
-        from .baselines import BranchedMomentum
-        opt = BranchedMomentum(net.trainable_params(), learning_rate=lr, momentum=0.9)
+    elif optimizer in MOMENTUM_KINDS:          # "momentum-cf": the same update, graph with a run-time branch
+        opt = momentum_baseline(optimizer, net.trainable_params(), lr)
     else:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS + ('momentum-cf',)}, got {optimizer!r}")
     model = Model(net, loss_fn, opt)

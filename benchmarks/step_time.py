@@ -33,6 +33,7 @@ import mindspore as ms  # noqa: E402
 from mindspore import nn, Tensor  # noqa: E402
 
 from . import save_results  # noqa: E402
+from .baselines import MOMENTUM_KINDS, momentum_baseline  # noqa: E402
 
 DEFAULT_PERIOD = 20
 
@@ -49,11 +50,8 @@ def _build(model_name, optimizer, period, seed=0):
     ctor = MODELS[model_name][0]
     ms.set_seed(seed)
     net = getattr(models, ctor)()
-    if optimizer == "momentum":
-        opt = nn.Momentum(net.trainable_params(), learning_rate=0.01, momentum=0.9)
-    elif optimizer == "momentum-cf":
-        from .baselines import BranchedMomentum
-        opt = BranchedMomentum(net.trainable_params(), learning_rate=0.01, momentum=0.9)
+    if optimizer in BASELINES:
+        opt = momentum_baseline(optimizer, net.trainable_params(), 0.01)
     elif optimizer.startswith("thor"):
         from mindspore_ngd import THOR
         split_dim = None if optimizer.endswith("nosplit") else 128
@@ -70,7 +68,7 @@ def _build(model_name, optimizer, period, seed=0):
 
 KINDS = ("momentum", "momentum-cf", "kfac-P/P", "kfac-1/P", "thor-split128", "thor-nosplit")
 # first-order baselines: the ratios divide by the faster median (benchmarks/baselines.py)
-BASELINES = ("momentum", "momentum-cf")
+BASELINES = MOMENTUM_KINDS
 
 
 def bench_model(model_name, rounds, kinds=KINDS, period=DEFAULT_PERIOD):

@@ -29,3 +29,12 @@ def test_the_branched_baseline_updates_exactly_as_the_stock_optimizer(branched, 
     # the branch is never taken
     assert not bool(opt.branch_flag.asnumpy()) and float(opt.branch_count.asnumpy()) == 0.0
     assert type(opt).__name__ == "Branched" + stock.__name__ and isinstance(opt, stock)
+
+
+def test_momentum_baseline_builds_the_stock_or_the_branched_optimizer_and_names_bad_kinds():
+    from benchmarks.baselines import MOMENTUM_KINDS, momentum_baseline
+    params = nn.Dense(2, 2).trainable_params()
+    stock, branched = (momentum_baseline(kind, params, 0.01) for kind in MOMENTUM_KINDS)
+    assert type(stock) is nn.Momentum and type(branched) is BranchedMomentum
+    with pytest.raises(ValueError, match="kind must be one of"):
+        momentum_baseline("adam", params, 0.01)
