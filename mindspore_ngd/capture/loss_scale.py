@@ -37,7 +37,10 @@ def reference_layer(specs):
 
 
 class LossScaleProbe(nn.Cell):
-    """Measures the loss scale of each step (see the module docstring).
+    """Measures the loss scale of a step (see the module docstring).
+
+    The engine measures it in the fold's run-time branch, on the steps that capture statistics and
+    so use it; with THOR's trace probes, which unscale their G traces between captures, on every step.
 
     Args:
         capture (LayerCapture): the reference layer's capture, built with ``sums_gradient=True``.

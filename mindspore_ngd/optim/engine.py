@@ -180,6 +180,9 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
                                                                self.blocks[reference].bias_index, loss_scale, prefix)
         self.capture_control = CaptureControl([b.capture for b in self.blocks], [b.capture for b in self.norm_blocks],
                                               probe, prefix)
+        # the loss scale is measured on every step only for THOR's trace probes, which read it between
+        # folds (on a single device); otherwise in the fold's branch, on the steps whose statistics use it
+        self._probe_every_step = traces and comm is None
         self.communicator = comm
         self.parallel_plan = None if comm is None else comm.plan
         self.exchange = LocalExchange() if comm is None else \
@@ -247,8 +250,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         refreshed, changes = self._nothing_refreshed(), -ops.ones((self._change_size(),), ms.float32)
         probe = self.capture_control.scale_probe
         scale = ops.zeros((), ms.float32) if probe is None else probe.scale_seen
-        if probe is not None and not self.exchange.distributed:
-            # every step, so that THOR's trace probes between folds see the current scale too
+        if probe is not None and self._probe_every_step:
             scale = probe.scale_after(probe.probe(finite), gradients, finite, scale)
         # an op reads the flags now: a Parameter used after its assign would read the new value
         not_demoted_before = ops.logical_not(factors[1][2])
@@ -352,6 +354,8 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         if probe is not None:
             if distributed:          # the ranks' mean probe against the ranks' mean gradient
                 scale = probe.scale_after(extra, gradients, finite, scale)
+            elif not self._probe_every_step:
+                scale = probe.scale_after(probe.probe(token), gradients, finite, scale)
             correction = probe.correction(scale)
             unscaled, unscaled_f = (), ()
             for g_batch in g_batches:

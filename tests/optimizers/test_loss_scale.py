@@ -191,3 +191,25 @@ def test_reference_layer_prefers_a_dense_bias():
     assert reference_layer([s for s in specs if s.kind == "conv2d"]) is not None
     nobias = [s for s in specs if not s.has_bias]
     assert reference_layer(nobias) is None
+
+
+@pytest.mark.parametrize("traces", [False, True])
+def test_the_scale_is_measured_on_the_steps_that_use_it(traces):
+    """Without THOR's trace probes the scale is measured only in the fold (on a step that captures),
+    so a step between captures runs none of the probe's kernels; with them, on every step (the probes
+    between captures unscale their G traces by it)."""
+    ms.set_seed(0)
+    net = BNNet()
+    if traces:
+        opt = ngd.THOR(net, 0.1, 1e-2, frequency=4, split_dim=16, trace_threshold=0.05, verbose=False)
+    else:
+        opt = ngd.KFAC(net, 0.1, 1e-2, factor_update_interval=4, inverse_update_interval=4, verbose=False)
+    assert opt._probe_every_step is traces
+    step = ScheduledLossScaleStep(net, opt)
+    step.set_train()
+    seen = []
+    for i, scale in enumerate([2.0 ** 10] * 5 + [2.0 ** 14] * 2):       # steps 0 and 4 capture
+        step(*batch(i), Tensor(np.float32(scale)), Tensor(np.float32(1.0)))
+        seen.append(float(opt.capture_control.scale_probe.scale_seen.asnumpy()))
+    assert seen[4] == 2.0 ** 10
+    assert seen[5:] == ([2.0 ** 14] * 2 if traces else [2.0 ** 10] * 2)
