@@ -95,7 +95,7 @@ def sanitize(m):
     tiny = 1e-7 * ops.reduce_max(ops.abs(diag)) + 1e-30
     plausible = ops.logical_and(ops.all(diag >= 0), ops.all(ops.abs(m) <= bound + tiny))
     valid = ops.logical_and(finite, plausible)
-    safe = ops.select(ops.broadcast_to(valid, m.shape), m, ops.eye(n, n, ms.float32))
+    safe = ops.where(valid, m, ops.eye(n, n, ms.float32))
     return safe, valid
 
 

@@ -168,8 +168,8 @@ class KroneckerBlock(nn.Cell):
                                              inv_ops.trace_jitter(g_safe, self.jitter), inverses[1], trusted)
         ok = ops.logical_and(ops.logical_and(a_valid, g_valid), ops.logical_and(a_ok, g_ok))
         take = ops.logical_and(ok, ready)
-        new_a = ops.select(ops.broadcast_to(take, a_inv.shape), a_inv, inverses[0])
-        new_g = ops.select(ops.broadcast_to(take, g_inv.shape), g_inv, inverses[1])
+        new_a = ops.where(take, a_inv, inverses[0])
+        new_g = ops.where(take, g_inv, inverses[1])
         fault = ops.cast(ops.logical_and(ready, ops.logical_not(ok)), ms.int32)
         return new_a, new_g, take, fault
 

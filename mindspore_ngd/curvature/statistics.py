@@ -50,8 +50,8 @@ def fold_statistic(average, updates, batch, captured, decay, track_changes, refe
     finite = ops.all(ops.isfinite(batch))
     take = ops.logical_and(captured, finite)
     blended = decay * average + (1.0 - decay) * batch
-    blended = ops.select(ops.broadcast_to(updates == 0, average.shape), batch, blended)
-    new = ops.select(ops.broadcast_to(take, average.shape), blended, average)
+    blended = ops.where(updates == 0, batch, blended)
+    new = ops.where(take, blended, average)
     rejected = ops.cast(ops.logical_and(captured, ops.logical_not(finite)), ms.int32)
     change = None
     if track_changes:

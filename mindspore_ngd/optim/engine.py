@@ -527,8 +527,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         usable = ops.logical_and(vg > 0, ops.isfinite(vg))
         nu = ops.minimum(ops.sqrt(self.policy.kl_clip / ops.select(usable, vg, ops.ones_like(vg))), 1.0)
         nu = ops.select(usable, nu, ops.ones_like(nu))
-        factor = ops.unstack(ops.select(demoted, ops.ones((self.num_layers,), ms.float32),
-                                        ops.broadcast_to(nu, (self.num_layers,))))
+        factor = ops.unstack(ops.where(demoted, ops.ones((self.num_layers,), ms.float32), nu))
         scaled, scaled_pairs = (), ()
         for k in range(self.num_layers):
             scaled += (matrices[k] * factor[k],)

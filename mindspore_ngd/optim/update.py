@@ -117,7 +117,7 @@ def _param_update_one(opt, momentum, finite, clip_norm, lr, decay_value, decay, 
         grad = grad * ops.cast(scale, grad.dtype)
     if centralize:
         grad = grad - grad.mean(axis=tuple(range(1, grad.ndim)), keep_dims=True)
-    grad = ops.select(ops.broadcast_to(finite, grad.shape), grad, ops.zeros_like(grad))
+    grad = ops.where(finite, grad, ops.zeros_like(grad))
     return opt(param, moment, ops.cast(lr, param.dtype), grad, ops.cast(momentum, param.dtype))
 
 
