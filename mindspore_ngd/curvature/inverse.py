@@ -31,10 +31,12 @@ from mindspore import ops
 import mindspore.scipy.linalg as msla
 
 from .._graph import outer, transposed
+from .blocks import to_blocks
 
 __all__ = ["INVERSE_METHODS", "INVERSE_METHOD_CHOICES", "DEVICE_INVERSE_METHODS", "DAMPING_SPLITS",
-           "NEWTON_STEPS", "NEWTON_TOLERANCE", "resolve_inverse_method", "sanitize", "split_damping",
-           "trace_jitter", "damped_inverse", "newton_inverse"]
+           "NEWTON_STEPS", "NEWTON_TOLERANCE", "resolve_inverse_method", "sanitize", "sanitized_blocks",
+           "split_damping", "split_damping_traces", "trace_jitter", "jitter_of_trace", "damped_inverse",
+           "newton_inverse"]
 
 INVERSE_METHODS = ("cholesky", "lu", "eigh", "newton")
 INVERSE_METHOD_CHOICES = ("auto",) + INVERSE_METHODS
@@ -82,6 +84,22 @@ def resolve_inverse_method(method, device_target=None):
     return DEVICE_INVERSE_METHODS[device]
 
 
+def _plausible(m, diag, full_diag):
+    """Whether ``m`` (a (D, D) factor, or a (nb, s, s) stack of its diagonal blocks) can be positive
+    semi-definite: all entries finite, diagonal ``diag`` >= 0 and every off-diagonal entry within the
+    Cauchy-Schwarz bound, up to a tolerance relative to the largest entry of the factor's diagonal
+    ``full_diag``."""
+    finite = ops.all(ops.isfinite(m))
+    if m.ndim == 2:
+        products = outer(diag, diag)
+    else:
+        products = ops.expand_dims(diag, 2) * ops.expand_dims(diag, 1)
+    bound = ops.sqrt(ops.relu(products)) * (1.0 + _CS_RELATIVE_SLACK)
+    tiny = 1e-7 * ops.reduce_max(ops.abs(full_diag)) + 1e-30
+    plausible = ops.logical_and(ops.all(diag >= 0), ops.all(ops.abs(m) <= bound + tiny))
+    return ops.logical_and(finite, plausible)
+
+
 def sanitize(m):
     """Return ``(safe, valid)``: ``m`` if it can be a PSD factor, else the identity; and the verdict.
 
@@ -90,13 +108,28 @@ def sanitize(m):
     """
     n = m.shape[0]
     diag = ops.diagonal(m)
-    finite = ops.all(ops.isfinite(m))
-    bound = ops.sqrt(ops.relu(outer(diag, diag))) * (1.0 + _CS_RELATIVE_SLACK)
-    tiny = 1e-7 * ops.reduce_max(ops.abs(diag)) + 1e-30
-    plausible = ops.logical_and(ops.all(diag >= 0), ops.all(ops.abs(m) <= bound + tiny))
-    valid = ops.logical_and(finite, plausible)
+    valid = _plausible(m, diag, diag)
     safe = ops.where(valid, m, ops.eye(n, n, ms.float32))
     return safe, valid
+
+
+def sanitized_blocks(m, layout):
+    """``(blocks, valid, trace)`` of a factor ``m`` about to be inverted in ``layout``
+    (:class:`~mindspore_ngd.curvature.blocks.BlockLayout`): what to invert (:func:`to_blocks` of ``m``,
+    or of the identity when ``m`` cannot be PSD), the verdict, and the trace of the factor inverted
+    (``m``'s, or ``D``).
+
+    One block: :func:`sanitize`. Several: only the diagonal blocks, the part that is inverted, are
+    checked (``nb * s^2`` entries instead of ``D^2``; an off-diagonal entry of the factor no longer
+    rejects it). The trace is the full factor's, as :func:`trace_jitter` and the damping split use it.
+    """
+    if layout.count == 1:
+        safe, valid = sanitize(m)
+        return safe, valid, _trace(safe)
+    blocks = to_blocks(m, layout)
+    valid = _plausible(blocks, ops.diagonal(blocks, 0, 1, 2), ops.diagonal(m))
+    safe = ops.where(valid, blocks, _identity_like(blocks))
+    return safe, valid, ops.where(valid, _trace(m), float(layout.dim))
 
 
 def split_damping(a, g, damping, split):
@@ -106,11 +139,18 @@ def split_damping(a, g, damping, split):
     (section 6.3), ``pi = sqrt((tr(A)/dim A) / (tr(G)/dim G))`` and (pi sqrt(l), sqrt(l)/pi);
     pi falls back to 1 when either trace is zero.
     """
+    if split == "sqrt":
+        return split_damping_traces(None, a.shape[0], None, g.shape[0], damping, split)
+    return split_damping_traces(_trace(a), a.shape[0], _trace(g), g.shape[0], damping, split)
+
+
+def split_damping_traces(a_trace, a_dim, g_trace, g_dim, damping, split):
+    """:func:`split_damping` from the factors' traces and sizes (the traces are not read for "sqrt")."""
     root = ops.sqrt(damping)
     if split == "sqrt":
         return root, root
-    mean_a = _trace(a) / a.shape[0]
-    mean_g = _trace(g) / g.shape[0]
+    mean_a = a_trace / a_dim
+    mean_g = g_trace / g_dim
     usable = ops.logical_and(mean_a > 0, mean_g > 0)
     ratio = ops.select(usable, mean_a / ops.select(usable, mean_g, ops.ones_like(mean_g)),
                        ops.ones_like(mean_a))
@@ -120,7 +160,12 @@ def split_damping(a, g, damping, split):
 
 def trace_jitter(m, jitter):
     """``jitter * relu(tr(m))`` of the FULL (D, D) factor: the extra shift of every block."""
-    return jitter * ops.relu(_trace(m))
+    return jitter_of_trace(_trace(m), jitter)
+
+
+def jitter_of_trace(trace, jitter):
+    """:func:`trace_jitter` from the factor's trace."""
+    return jitter * ops.relu(trace)
 
 
 def _matmul(a, b):

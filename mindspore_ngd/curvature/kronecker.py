@@ -23,7 +23,7 @@ from mindspore import nn, ops, Parameter, Tensor
 from .._graph import columns as matrix_columns
 from ..capture import LayerCapture, never_captured
 from . import inverse as inv_ops
-from .blocks import BlockLayout, apply_left, apply_right, to_blocks
+from .blocks import BlockLayout, apply_left, apply_right
 from .statistics import damped_square_norm, fold_statistic
 
 __all__ = ["KroneckerBlock", "matrix_part"]
@@ -159,13 +159,14 @@ class KroneckerBlock(nn.Cell):
         may warm-start from them, but only when ``trusted`` (the layer's has-inverse flag) says they
         are real inverses (before the first accepted refresh they are the initial identity) and their
         residual shows convergence."""
-        a_safe, a_valid = inv_ops.sanitize(state[0])
-        g_safe, g_valid = inv_ops.sanitize(state[1])
-        a_shift, g_shift = inv_ops.split_damping(a_safe, g_safe, damping, self.damping_split)
-        a_inv, a_ok = inv_ops.damped_inverse(to_blocks(a_safe, self.a_layout), a_shift, self.inverse_method,
-                                             inv_ops.trace_jitter(a_safe, self.jitter), inverses[0], trusted)
-        g_inv, g_ok = inv_ops.damped_inverse(to_blocks(g_safe, self.g_layout), g_shift, self.inverse_method,
-                                             inv_ops.trace_jitter(g_safe, self.jitter), inverses[1], trusted)
+        a_safe, a_valid, a_trace = inv_ops.sanitized_blocks(state[0], self.a_layout)
+        g_safe, g_valid, g_trace = inv_ops.sanitized_blocks(state[1], self.g_layout)
+        a_shift, g_shift = inv_ops.split_damping_traces(a_trace, self.a_layout.dim, g_trace, self.g_layout.dim,
+                                                        damping, self.damping_split)
+        a_inv, a_ok = inv_ops.damped_inverse(a_safe, a_shift, self.inverse_method,
+                                             inv_ops.jitter_of_trace(a_trace, self.jitter), inverses[0], trusted)
+        g_inv, g_ok = inv_ops.damped_inverse(g_safe, g_shift, self.inverse_method,
+                                             inv_ops.jitter_of_trace(g_trace, self.jitter), inverses[1], trusted)
         ok = ops.logical_and(ops.logical_and(a_valid, g_valid), ops.logical_and(a_ok, g_ok))
         take = ops.logical_and(ok, ready)
         new_a = ops.where(take, a_inv, inverses[0])

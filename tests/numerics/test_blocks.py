@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from mindspore import nn, Tensor
+from mindspore import nn, ops, Tensor
 
 from mindspore_ngd.curvature import blocks as blk
 from mindspore_ngd.curvature import inverse as inv_mod
@@ -137,6 +137,61 @@ def test_to_blocks_drops_off_diagonal_blocks():
     m = rng.standard_normal((dim, dim)).astype(np.float32)
     _, back = run(Blocks(BlockLayout.of(dim, size)), m)
     np.testing.assert_array_equal(back, np_block_diag_part(m, size).astype(np.float32))
+
+
+class SanitizedBlocks(nn.Cell):
+    def __init__(self, layout):
+        super().__init__()
+        self.layout = layout
+
+    def construct(self, m):
+        return inv_mod.sanitized_blocks(m, self.layout)
+
+
+class SanitizedWhole(nn.Cell):
+    """What KroneckerBlock.refreshed did before: sanitize the whole factor, then cut it into blocks."""
+
+    def __init__(self, layout):
+        super().__init__()
+        self.layout = layout
+
+    def construct(self, m):
+        safe, valid = inv_mod.sanitize(m)
+        return blk.to_blocks(safe, self.layout), valid, ops.trace(safe)
+
+
+@pytest.mark.parametrize("dim,size", [(10, 4), (12, 4), (7, 7), (9, 16)])
+def test_sanitized_blocks_match_the_whole_factor_check(dim, size):
+    """Only the diagonal blocks are checked, and they are cut out block by block; on a PSD factor, and
+    on one with a non-finite entry in a diagonal block, blocks, verdict and trace are bit-identical to
+    sanitizing the whole factor first."""
+    rng = np.random.default_rng(5)
+    lay = BlockLayout.of(dim, size)
+    m = spd(rng, dim)
+    bad = m.copy()
+    bad[dim - 1, dim - 2] = np.nan          # inside the last diagonal block
+    for factor in (m, bad):
+        got = run(SanitizedBlocks(lay), factor)
+        want = run(SanitizedWhole(lay), factor)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+    assert run(SanitizedBlocks(lay), m)[1] and not run(SanitizedBlocks(lay), bad)[1]
+    np.testing.assert_array_equal(run(SanitizedBlocks(lay), bad)[0],
+                                  np.broadcast_to(np.eye(lay.size, dtype=np.float32), (lay.count, lay.size, lay.size))
+                                  if lay.count > 1 else np.eye(dim, dtype=np.float32))
+    assert run(SanitizedBlocks(lay), bad)[2] == dim      # the identity's trace
+
+
+def test_sanitized_blocks_ignore_the_discarded_off_diagonal_blocks():
+    """An entry outside every diagonal block is never inverted, so it no longer rejects the factor."""
+    rng = np.random.default_rng(6)
+    lay = BlockLayout.of(10, 4)
+    m = spd(rng, 10)
+    m[0, 9] = m[9, 0] = np.inf
+    blocks, valid, trace = run(SanitizedBlocks(lay), m)
+    assert valid
+    np.testing.assert_array_equal(blocks[0], m[0:4, 0:4])
+    np.testing.assert_allclose(trace, np.trace(m.astype(np.float64)), rtol=1e-6)
 
 
 # ------------------------------------------------------------- exact inverse of split factor
