@@ -30,7 +30,8 @@ the same operations as before splitting existed: the dense factor is the one-blo
 everything here and of :func:`mindspore_ngd.curvature.inverse.damped_inverse`.
 
 Everything below is graph-mode safe: shapes come from the (static, frozen) layout, and only
-MindSpore ops are used on tensors. Batched ops used, as measured on MindSpore 2.10 CPU:
+MindSpore ops are used on tensors (the gather positions of :func:`to_blocks` are computed with NumPy
+at compile time, ``mindspore.ops.constexpr``). Batched ops used, as measured on MindSpore 2.10 CPU:
 ``ops.cholesky`` (3-D), ``mindspore.scipy.linalg.solve_triangular`` with equal batch dims of
 ``a`` and ``b``, ``ops.MatrixInverse`` (3-D). Batched ``ops.CholeskyInverse`` returns wrong
 values on CPU and is not used.
