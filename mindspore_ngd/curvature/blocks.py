@@ -103,7 +103,8 @@ def _gather_plan(count, size, dim):
     rows = starts + np.arange(size).reshape(1, size, 1)
     cols = starts + np.arange(size).reshape(1, 1, size)
     real = np.logical_and(rows < dim, cols < dim)
-    flat = np.where(real, rows * dim + cols, 0).astype(np.int32)
+    flat = np.where(real, rows.astype(np.int64) * dim + cols, 0)
+    flat = flat.astype(np.int32 if dim * dim < 2 ** 31 else np.int64)
     padding = np.logical_and(np.logical_not(real), rows == cols).astype(np.float32)
     return Tensor(flat), Tensor(real), Tensor(padding)
 
