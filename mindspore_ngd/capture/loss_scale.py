@@ -70,16 +70,16 @@ class LossScaleProbe(nn.Cell):
         power = ops.reduce_sum(bias * bias)
         cross = ops.reduce_sum(probe * bias)
         usable = ops.logical_and(power > 0, ops.isfinite(power))
-        scale = cross / ops.select(usable, power, ops.ones_like(power))
+        scale = cross / ops.where(usable, power, ops.ones_like(power))
         residual = probe - scale * bias
         parallel = ops.reduce_sum(residual * residual) <= _PARALLEL_TOLERANCE ** 2 * ops.reduce_sum(probe * probe)
         usable = ops.logical_and(usable, parallel)
         ratio = scale / self.loss_scale
         positive = ratio > 0
-        exponent = ops.round(ops.log(ops.select(positive, ratio, ops.ones_like(ratio))) / float(np.log(2.0)))
+        exponent = ops.round(ops.log(ops.where(positive, ratio, ops.ones_like(ratio))) / float(np.log(2.0)))
         nearest = ops.pow(2.0, exponent)
         snapped = ops.abs(ratio / nearest - 1.0) < _SNAP_TOLERANCE
-        scale = ops.select(snapped, nearest * self.loss_scale, scale)
+        scale = ops.where(snapped, nearest * self.loss_scale, scale)
         valid = ops.logical_and(ops.logical_and(usable, positive), ops.isfinite(scale))
         return scale, valid
 
@@ -87,7 +87,7 @@ class LossScaleProbe(nn.Cell):
         """The scale to use after this step: the one measured from ``probe`` (this rank's, or distributed
         the ranks' mean) when the step is finite and the measurement valid, else ``scale`` (the last)."""
         measured, valid = self.measure(probe, gradients)
-        return ops.select(ops.logical_and(finite, valid), measured, scale)
+        return ops.where(ops.logical_and(finite, valid), measured, scale)
 
     def correction(self, scale):
         """Factor that takes a statistic quadratic in the output gradient, captured at ``scale`` and

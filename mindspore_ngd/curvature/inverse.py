@@ -152,7 +152,7 @@ def split_damping_traces(a_trace, a_dim, g_trace, g_dim, damping, split):
     mean_a = a_trace / a_dim
     mean_g = g_trace / g_dim
     usable = ops.logical_and(mean_a > 0, mean_g > 0)
-    ratio = ops.select(usable, mean_a / ops.select(usable, mean_g, ops.ones_like(mean_g)),
+    ratio = ops.where(usable, mean_a / ops.where(usable, mean_g, ops.ones_like(mean_g)),
                        ops.ones_like(mean_a))
     pi = ops.sqrt(ratio)
     return pi * root, root / pi
@@ -256,8 +256,8 @@ def newton_inverse(sym, total, warm=None, trust_warm=None, steps=None, tolerance
         if trust_warm is not None:
             use = ops.logical_and(use, trust_warm)
         wide = ops.broadcast_to(use, x.shape)
-        x, r = ops.select(wide, warm, x), ops.select(wide, r_warm, r)
-        lower, upper = ops.select(use, 1 - rho, lower), ops.select(use, 1 + rho, upper)
+        x, r = ops.where(wide, warm, x), ops.where(wide, r_warm, r)
+        lower, upper = ops.where(use, 1 - rho, lower), ops.where(use, 1 + rho, upper)
         warm_used = use
     for k in range(steps):
         gamma = 2 / (lower + upper)

@@ -19,8 +19,8 @@ def relative_change(new, old, reference=None):
     diff = new - old
     has_old = old_norm > 0
     base = old_norm if reference is None else reference
-    change = ops.sqrt(ops.reduce_sum(diff * diff) / ops.select(has_old, base, ops.ones_like(base)))
-    return ops.select(has_old, change, ops.fill(ms.float32, (), float("inf")))
+    change = ops.sqrt(ops.reduce_sum(diff * diff) / ops.where(has_old, base, ops.ones_like(base)))
+    return ops.where(has_old, change, ops.fill(ms.float32, (), float("inf")))
 
 
 def relative_changes(new, old):
@@ -28,8 +28,8 @@ def relative_changes(new, old):
     scalars); +inf where ``old`` is zero."""
     scale = ops.abs(old)
     has_old = scale > 0
-    change = ops.abs(new - old) / ops.select(has_old, scale, ops.ones_like(scale))
-    return ops.select(has_old, change, ops.fill(ms.float32, old.shape, float("inf")))
+    change = ops.abs(new - old) / ops.where(has_old, scale, ops.ones_like(scale))
+    return ops.where(has_old, change, ops.fill(ms.float32, old.shape, float("inf")))
 
 
 def damped_square_norm(matrix, shift):
@@ -55,5 +55,5 @@ def fold_statistic(average, updates, batch, captured, decay, track_changes, refe
     rejected = ops.cast(ops.logical_and(captured, ops.logical_not(finite)), ms.int32)
     change = None
     if track_changes:
-        change = ops.select(take, relative_change(new, average, reference), -ops.ones((), ms.float32))
+        change = ops.where(take, relative_change(new, average, reference), -ops.ones((), ms.float32))
     return new, updates + ops.cast(take, ms.int32), rejected, change

@@ -104,7 +104,7 @@ class UnitBatchNormStack(nn.Cell):
         grad_gamma, grad_beta = grads
         pre_gamma, pre_beta = unit_natural_gradient(ops.concat(fishers), grad_gamma, grad_beta, damping)
         known = ops.gather(ops.cast(counts > 0, ms.float32), self.layer_of_row, 0) > 0.5
-        return ops.select(known, pre_gamma, grad_gamma), ops.select(known, pre_beta, grad_beta)
+        return ops.where(known, pre_gamma, grad_gamma), ops.where(known, pre_beta, grad_beta)
 
     def split(self, stacked):
         """Per-layer parts of a stacked vector, as a tuple."""

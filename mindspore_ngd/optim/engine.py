@@ -522,11 +522,11 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
                 dots += (ops.reduce_sum(matrices[k] * self.blocks[k].gradient(gradients)),)
             if self.num_norms:
                 norm_dots = self.norm_stack.dots(stacked, norm_grads)
-            kept = ops.unstack(ops.select(demoted, ops.zeros((self.num_layers,), ms.float32), ops.stack(dots)))
+            kept = ops.unstack(ops.where(demoted, ops.zeros((self.num_layers,), ms.float32), ops.stack(dots)))
             vg = ops.addn(kept + norm_dots) * lr * lr
         usable = ops.logical_and(vg > 0, ops.isfinite(vg))
-        nu = ops.minimum(ops.sqrt(self.policy.kl_clip / ops.select(usable, vg, ops.ones_like(vg))), 1.0)
-        nu = ops.select(usable, nu, ops.ones_like(nu))
+        nu = ops.minimum(ops.sqrt(self.policy.kl_clip / ops.where(usable, vg, ops.ones_like(vg))), 1.0)
+        nu = ops.where(usable, nu, ops.ones_like(nu))
         factor = ops.unstack(ops.where(demoted, ops.ones((self.num_layers,), ms.float32), nu))
         scaled, scaled_pairs = (), ()
         for k in range(self.num_layers):

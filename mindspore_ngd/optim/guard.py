@@ -149,7 +149,7 @@ class Guard:
         vector), stop a diverged run; returns ``finite`` (for ordering). One run-time branch holds
         every host call of the step: more than one, or one after the fold, broke the reload of a
         checkpoint into the compiled graph (measured, MindSpore 2.10)."""
-        run = ops.select(finite, ops.zeros((), ms.int32), self.nonfinite_run + 1)
+        run = ops.where(finite, ops.zeros((), ms.int32), self.nonfinite_run + 1)
         ops.assign(self.nonfinite_run, run)
         if ops.logical_or(ops.logical_not(finite), ops.any(demoted)):
             _alert(self._guard_name, finite, step, run, self.skipped_steps + 1, demoted, self._report_invisible)
@@ -180,7 +180,7 @@ class Guard:
 
     def _inverted_at(self, due, boost, inverted):
         if self.adaptive_damping:
-            ops.assign(self.boost_inverted, ops.select(due, boost, inverted))
+            ops.assign(self.boost_inverted, ops.where(due, boost, inverted))
 
     def _adapt(self, gradients, flat, finite):
         """Fold ``g_{t+1}' delta_t`` into the reduction ratio and adapt the multiplier: returns (a token
@@ -196,16 +196,16 @@ class Guard:
         slope = self.step_slope
         usable = ops.logical_and(ops.logical_and(finite, slope < 0), ops.isfinite(slope_next))
         decay = self.ratio_decay
-        num = ops.select(usable, decay * self.ratio_num + (1 - decay) * 0.5 * (slope + slope_next), self.ratio_num)
-        den = ops.select(usable, decay * self.ratio_den + (1 - decay) * slope, self.ratio_den)
+        num = ops.where(usable, decay * self.ratio_num + (1 - decay) * 0.5 * (slope + slope_next), self.ratio_num)
+        den = ops.where(usable, decay * self.ratio_den + (1 - decay) * slope, self.ratio_den)
         ops.assign(self.ratio_num, num)
         ops.assign(self.ratio_den, den)
-        rho = num / ops.select(den < 0, den, -ops.ones_like(den))
+        rho = num / ops.where(den < 0, den, -ops.ones_like(den))
         boost = self.damping_boost
         overshoot = ops.maximum(2.0 * (1.0 - rho), BOOST_UP)
-        factor = ops.select(rho < 0.25, overshoot,
-                            ops.select(rho > 0.75, ops.fill(ms.float32, (), 1.0 / BOOST_DOWN), ops.ones((), ms.float32)))
-        factor = ops.select(ops.logical_and(usable, den < 0), factor, ops.ones((), ms.float32))
+        factor = ops.where(rho < 0.25, overshoot,
+                            ops.where(rho > 0.75, ops.fill(ms.float32, (), 1.0 / BOOST_DOWN), ops.ones((), ms.float32)))
+        factor = ops.where(ops.logical_and(usable, den < 0), factor, ops.ones((), ms.float32))
         boost = ops.clip_by_value(boost * factor, 1.0, self.max_boost)
         ops.assign(self.damping_boost, boost)
         return usable, boost
@@ -223,7 +223,7 @@ class Guard:
                 moments = flat_after(self.moments, token)
                 ops.assign(self.kept_moments, moments)
                 slope = -ops.reduce_sum(flat * moments) * first(rates)
-            ops.assign(self.step_slope, ops.select(finite, slope, ops.zeros_like(slope)))
+            ops.assign(self.step_slope, ops.where(finite, slope, ops.zeros_like(slope)))
             ops.assign(self.step_lr, rates)
         return token
 

@@ -98,7 +98,7 @@ _lr_when = C.MultitypeFuncGraph("ngd_lr_when")
 
 @_lr_when.register("Tensor", "Tensor")
 def _lr_when_tensor(finite, lr):
-    return ops.select(finite, ops.cast(lr, ms.float32), ops.zeros((), ms.float32))
+    return ops.where(finite, ops.cast(lr, ms.float32), ops.zeros((), ms.float32))
 
 
 _param_update = C.MultitypeFuncGraph("ngd_param_update")
@@ -139,7 +139,7 @@ class Update:
         centralization and the momentum update with each parameter's learning rate; a non-finite step
         leaves weights and moments untouched (lr 0, momentum 1, gradient 0) and is counted."""
         momentum = self.momentum if self.momentum_schedule is None else self.momentum_schedule(self.global_step)
-        momentum_eff = ops.select(finite, momentum, ops.ones((), ms.float32))
+        momentum_eff = ops.where(finite, momentum, ops.ones((), ms.float32))
         clip_norm = 0.0 if self.policy.clip_norm is None else self.policy.clip_norm
         if self.is_group_lr:
             rates = _HYPER_MAP(F.partial(_lr_when, finite), lr)

@@ -37,7 +37,7 @@ __all__ = ["FixedInterval", "StaleIntervals", "GrowingInterval", "interval_due",
 
 # ------------------------------------------------------------------ one formula, two libraries
 def _where(cond, a, b):
-    return ops.select(cond, a, b) if isinstance(cond, Tensor) else np.where(cond, a, b)
+    return ops.where(cond, a, b) if isinstance(cond, Tensor) else np.where(cond, a, b)
 
 
 def _minimum(a, b):
@@ -279,7 +279,7 @@ class _StaleCell(_RuleCell):
             self.control.set_all(ops.ones((), ms.bool_))
             return
         intervals, taken = stale_intervals(self.intervals, changes, self.threshold, self.max_interval)
-        upcoming = ops.select(taken, step + intervals, self.next_refresh)
+        upcoming = ops.where(taken, step + intervals, self.next_refresh)
         ops.assign(self.intervals, intervals)
         ops.assign(self.next_refresh, upcoming)
         ops.assign_add(self.refreshes, ops.cast(taken, ms.int32))
@@ -311,9 +311,9 @@ class _GrowingCell(_RuleCell):
         current = self.next_refresh
         captured = step >= current
         interval = self.interval
-        upcoming = ops.select(captured, step + interval, current)
+        upcoming = ops.where(captured, step + interval, current)
         ops.assign(self.next_refresh, upcoming)
-        ops.assign(self.interval, ops.select(captured, grown_interval(interval, self.growth, self.max_frequency),
+        ops.assign(self.interval, ops.where(captured, grown_interval(interval, self.growth, self.max_frequency),
                                              interval))
         ops.assign_add(self.layer_refreshes, ops.cast(ops.stack(refreshed), ms.int32))
         next_step = step + 1
