@@ -162,24 +162,24 @@ class SanitizedWhole(nn.Cell):
 
 @pytest.mark.parametrize("dim,size", [(10, 4), (12, 4), (7, 7), (9, 16)])
 def test_sanitized_blocks_match_the_whole_factor_check(dim, size):
-    """Only the diagonal blocks are checked, and they are cut out block by block; on a PSD factor, and
-    on one with a non-finite entry in a diagonal block, blocks, verdict and trace are bit-identical to
-    sanitizing the whole factor first."""
+    """Only the diagonal blocks are checked, and they are gathered from the factor; on a PSD factor,
+    and on one with a non-finite entry in a diagonal block, blocks, verdict and trace are bit-identical
+    to sanitizing the whole factor first."""
     rng = np.random.default_rng(5)
     lay = BlockLayout.of(dim, size)
     m = spd(rng, dim)
     bad = m.copy()
     bad[dim - 1, dim - 2] = np.nan          # inside the last diagonal block
-    for factor in (m, bad):
-        got = run(SanitizedBlocks(lay), factor)
-        want = run(SanitizedWhole(lay), factor)
-        for g, w in zip(got, want):
+    blocks_cell, whole_cell = SanitizedBlocks(lay), SanitizedWhole(lay)
+    good_out, bad_out = run(blocks_cell, m), run(blocks_cell, bad)
+    for factor, got in ((m, good_out), (bad, bad_out)):
+        for g, w in zip(got, run(whole_cell, factor)):
             np.testing.assert_array_equal(g, w)
-    assert run(SanitizedBlocks(lay), m)[1] and not run(SanitizedBlocks(lay), bad)[1]
-    np.testing.assert_array_equal(run(SanitizedBlocks(lay), bad)[0],
+    assert good_out[1] and not bad_out[1]
+    np.testing.assert_array_equal(bad_out[0],
                                   np.broadcast_to(np.eye(lay.size, dtype=np.float32), (lay.count, lay.size, lay.size))
                                   if lay.count > 1 else np.eye(dim, dtype=np.float32))
-    assert run(SanitizedBlocks(lay), bad)[2] == dim      # the identity's trace
+    assert bad_out[2] == dim      # the identity's trace
 
 
 def test_sanitized_blocks_ignore_the_discarded_off_diagonal_blocks():
