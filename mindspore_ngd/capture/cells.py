@@ -76,6 +76,9 @@ class LayerCapture(nn.Cell):
         self.stat_fraction = float(stat_fraction)
         self.stat_stride = int(stat_stride) if self.is_conv else 1     # Dense layers have no positions
         self.grad_hook = ops.InsertGradientOf(self.save_output_factor)
+        # a compile-time switch (set only while NGDTrainOneStepCell compiles or runs its lean graph): the
+        # capture branches are left out of the graph, for steps on which no flag is set
+        self.bypass = False
         # trace probes (THOR's trace rule): trace(A) / trace(G) of the batch, without forming the
         # factors, on steps whose trace_a / trace_g flag is set; the buffers exist only when asked for
         self.traces_enabled = bool(traces)
@@ -110,6 +113,8 @@ class LayerCapture(nn.Cell):
         return factors.dense_output_factor(dy, self.g_scale, self.stat_fraction)
 
     def capture_input(self, x):
+        if self.bypass:                   # the lean graph of NGDTrainOneStepCell: no capture compiled in
+            return x
         if self.capture_a:
             ops.assign(self.a_batch, self.input_factor(x))
         if self.traces_enabled:
@@ -117,15 +122,21 @@ class LayerCapture(nn.Cell):
                 ops.assign(self.a_trace, self.input_trace(x))
         return x
 
+    def _summed(self, dy):
+        if self.sums_gradient:
+            return ops.depend(dy, ops.assign(self.grad_sum, factors.output_sum(dy, self.is_conv)))
+        return dy
+
     def save_output_factor(self, dy):
+        if self.bypass:
+            return self._summed(dy)
         if self.capture_g:
             ops.assign(self.g_batch, self.output_factor(dy))
         if self.traces_enabled:
             if self.trace_g:
                 ops.assign(self.g_trace, factors.output_trace(dy, self.g_scale, self.is_conv))
             dy = ops.depend(dy, self.g_trace)
-        if self.sums_gradient:
-            dy = ops.depend(dy, ops.assign(self.grad_sum, factors.output_sum(dy, self.is_conv)))
+        dy = self._summed(dy)
         # the gradient flowing on waits for the buffer write: without this the optimizer could read
         # the first layer's G (the last hook of the backward pass) before it is written (measured)
         return ops.depend(dy, self.g_batch)
@@ -150,6 +161,7 @@ class NormCapture(nn.Cell):
         self.eps = spec.eps
         self.g_scale = 1.0 / float(loss_scale)
         self.grad_hook = ops.InsertGradientOf(self.save_fisher)
+        self.bypass = False         # as LayerCapture.bypass
 
     def save_fisher(self, probe_grad):
         if self.capture_f:
@@ -157,6 +169,8 @@ class NormCapture(nn.Cell):
         return ops.depend(probe_grad, self.f_batch)     # ordered before the optimizer's read (as G)
 
     def probe(self, x, y, gamma):
+        if self.bypass:
+            return y
         # the hook sits outside the branch: a hook inside a value-returning branch fails to compile
         probe = self.grad_hook(factors.unit_probe(gamma, x.shape[0], x.ndim))
         if self.capture_f:

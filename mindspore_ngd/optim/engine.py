@@ -198,6 +198,7 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         self.demoted_unreported = Parameter(Tensor(np.zeros(len(specs), np.bool_)), name=f"{prefix}.demoted_unreported",
                                             requires_grad=False)
         self._guard_name = type(self).__name__
+        self._lean = False        # compile-time: set only by NGDTrainOneStepCell for its lean graph
         self._build_guard(prefix, policy.adaptive_damping, divergence_patience, policy.max_damping_boost, 0.9)
         attach(cells, [b.capture for b in self.blocks])
         attach(norm_cells, [b.capture for b in self.norm_blocks])
@@ -227,6 +228,34 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         """
         return self._upgrade_guard(self.capture_control.upgrade(self.counters.upgrade(param_dict)))
 
+    def _refuse_lean_step(self):
+        """ValueError if this optimizer cannot run the lean graph of
+        :class:`~mindspore_ngd.NGDTrainOneStepCell`: ``fisher="mc"`` trains with its own step, which
+        drives the capture."""
+        reason = None
+        if self.policy.fisher == "mc":
+            reason = "fisher='mc' trains with MCFisherTrainStep, which drives the capture itself"
+        elif self.capture_control.driver is not None:
+            reason = f"the capture is driven by {self.capture_control.driver}"
+        if reason is not None:
+            raise ValueError(f"{type(self).__name__} cannot run a lean step: {reason}")
+
+    def captures_next_step(self):
+        """Whether the next step captures any statistic or probes a trace (host read of the flags the
+        last step set; synchronises with the device)."""
+        control = self.capture_control
+        if bool(control.capturing.asnumpy()):
+            return True
+        return bool(control.has_probes and control.probing().asnumpy())
+
+    def _set_lean(self, lean):
+        """Compile-time switch of the lean graph: with ``lean`` the optimizer's step leaves out the fold
+        and the network's capture cells their capture branches. Set only around a lean graph's call."""
+        lean = bool(lean)
+        object.__setattr__(self, "_lean", lean)
+        for block in list(self.blocks) + list(self.norm_blocks):
+            object.__setattr__(block.capture, "bypass", lean)
+
     # ------------------------------------------------------------------ the step
     def construct(self, gradients):
         if self.policy.fisher == "mc" and self.capture_control.driver is None:
@@ -254,9 +283,10 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
             scale = probe.scale_after(probe.probe(finite), gradients, finite, scale)
         # an op reads the flags now: a Parameter used after its assign would read the new value
         not_demoted_before = ops.logical_not(factors[1][2])
-        if self.capture_control.any():
-            factors, refreshed, changes, scale = self._folded(factors, finite, gradients, scale, damping)
-        self._store_factors(factors)
+        if not self._lean:        # the lean graph runs only on steps that capture nothing: no fold
+            if self.capture_control.any():
+                factors, refreshed, changes, scale = self._folded(factors, finite, gradients, scale, damping)
+            self._store_factors(factors)
         if probe is not None:
             ops.assign(probe.scale_seen, scale)
         # layers demoted this step are reported (warning, or error if strict) at the start of the next
