@@ -1,12 +1,18 @@
 """Per-layer cost model of the natural-gradient optimizers, the arithmetic floor, and the step time.
 
     python -m benchmarks.cost_model [--models resnet20,convbn,digits-bn,fmnist-mlp,fmnist-mlp-b1024]
-                                    [--optimizers momentum,momentum-cf,kfac,kfac-P/P,spngd,thor] [--rounds 1]
+                                    [--optimizers momentum,momentum-cf,kfac,kfac-P/P,spngd,thor,thor+lean]
+                                    [--rounds 1]
                                     [--period 20] [--spngd-warmup 20] [--data-batches 4] [--data digits]
                                     [--graphs 3] [--repeats 5]
                                     [--batch 128,1024,4096] [--out results/]
     python -m benchmarks.cost_model --compile [--optimizers momentum,kfac,spngd,thor] [--config cpu_smoke]
                                     [--batch N] [--phases] [--out results/]
+
+A kind with the suffix ``+lean`` (``kfac-P/P+lean``, ``spngd+lean``, ``thor+lean``) is the same optimizer
+trained with :class:`mindspore_ngd.NGDTrainOneStepCell`, whose steps that capture nothing run a
+second, lean graph; the table adds both compile times to its name (the first call, and the first
+lean step: the lean graph's compilation plus one step).
 
 **FLOP model.** For every layer the optimizer preconditions (``opt.layer_specs``: kind, ``a_dim`` =
 fan-in (+1 with a bias), ``g_dim`` = outputs, kernel/stride/padding) and its number of output positions
@@ -156,7 +162,10 @@ MODELS = {
     "tiny-mlp": (_tiny_mlp, (16,), 8),           # one Dense layer, for the tests
 }
 DEFAULT_MODELS = ("resnet20", "convbn", "digits-bn", "fmnist-mlp", "fmnist-mlp-b1024")
-OPTIMIZERS = ("momentum", "momentum-cf", "kfac", "kfac-P/P", "spngd", "thor")
+# "+lean": trained with mindspore_ngd.NGDTrainOneStepCell (a lean graph for the steps that capture nothing)
+LEAN = "+lean"
+OPTIMIZERS = ("momentum", "momentum-cf", "kfac", "kfac-P/P", "spngd", "thor", "kfac-P/P" + LEAN, "spngd" + LEAN,
+              "thor" + LEAN)
 # first-order baselines; the ratios divide by the faster one's median (benchmarks/baselines.py: the
 # stock Momentum graph, without a run-time branch, often runs at the speed of one core)
 BASELINES = MOMENTUM_KINDS
@@ -175,15 +184,24 @@ class Schedule:
         return self.capture_interval is None
 
 
+def base_kind(optimizer):
+    """The optimizer kind without the ``+lean`` training-step suffix."""
+    return optimizer[:-len(LEAN)] if optimizer.endswith(LEAN) else optimizer
+
+
 def schedule_of(optimizer, period):
+    optimizer = base_kind(optimizer)
     return {"kfac": Schedule(1, period), "kfac-P/P": Schedule(period, period),
             "thor": Schedule(period, period, THOR_SPLIT_DIM), "spngd": Schedule(None, None)}[optimizer]
 
 
 def build_cell(model_name, optimizer, period, seed=0, kl_clip=None):
     """``(training cell, optimizer)`` for one model and one optimizer kind (``kl_clip``: given to every
-    natural-gradient optimizer; None keeps each one's default: K-FAC and SP-NGD 1e-3, THOR none)."""
-    from mindspore_ngd import KFAC, SPNGD, THOR
+    natural-gradient optimizer; None keeps each one's default: K-FAC and SP-NGD 1e-3, THOR none). A kind
+    ending in ``+lean`` trains with :class:`mindspore_ngd.NGDTrainOneStepCell` instead of
+    ``nn.TrainOneStepCell``."""
+    from mindspore_ngd import KFAC, SPNGD, THOR, NGDTrainOneStepCell
+    lean, optimizer = optimizer.endswith(LEAN), base_kind(optimizer)
     ms.set_seed(seed)
     net = MODELS[model_name][0]()
     common = {"learning_rate": 0.01, "damping": 1e-2, "verbose": False}
@@ -202,7 +220,8 @@ def build_cell(model_name, optimizer, period, seed=0, kl_clip=None):
     else:
         raise ValueError(f"unknown optimizer {optimizer!r}; expected one of {OPTIMIZERS}")
     loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    cell = nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt)
+    step = NGDTrainOneStepCell if lean else nn.TrainOneStepCell
+    cell = step(nn.WithLossCell(net, loss), opt)
     cell.set_train()
     return cell, opt
 
@@ -489,7 +508,7 @@ def bench_model(model_name, batch, optimizers, rounds, period, spngd_warmup, tim
     every optimizer trains that many independent training cells (each compiled into its own graph,
     same initial weights and batches), timed in turn in every round: the medians pool their steps."""
     data = _batches(model_name, data_batches, batch, data_source)
-    cells, opts, compile_s, steps_done = {}, {}, {}, {}
+    cells, opts, compile_s, steps_done, lean_compile_s = {}, {}, {}, {}, {}
     keys = [(kind, g) for kind in optimizers for g in range(graphs)]
     for key in keys:
         kind = key[0]
@@ -497,27 +516,30 @@ def bench_model(model_name, batch, optimizers, rounds, period, spngd_warmup, tim
         start = time.perf_counter()
         cells[key](*data[0]).asnumpy()                    # compile + step 0
         compile_s.setdefault(kind, time.perf_counter() - start)
-        warm = period + (spngd_warmup if kind == "spngd" else 0)
+        warm = period + (spngd_warmup if base_kind(kind) == "spngd" else 0)
         for i in range(1, warm):
+            start = time.perf_counter()
             cells[key](*data[i % len(data)]).asnumpy()
+            if kind.endswith(LEAN) and cells[key].lean_steps == 1 and kind not in lean_compile_s:
+                lean_compile_s[kind] = time.perf_counter() - start       # the lean graph's compile + a step
         steps_done[key] = warm
     times = {kind: [] for kind in optimizers}
     graph_times = {key: [] for key in keys}
-    events = {"spngd": []}
+    events = {kind: [] for kind in optimizers if base_kind(kind) == "spngd"}
     for _ in range(rounds):
         for key in keys:
             kind = key[0]
             for _ in range(period):
                 x, y = data[steps_done[key] % len(data)]
-                before = spngd_counts(opts[key]) if kind == "spngd" else None
+                before = spngd_counts(opts[key]) if kind in events else None
                 start = time.perf_counter()
                 cells[key](x, y).asnumpy()
                 elapsed = time.perf_counter() - start
                 times[kind].append(elapsed)
                 graph_times[key].append(elapsed)
                 steps_done[key] += 1
-                if kind == "spngd":
-                    events["spngd"].append(spngd_event(opts[key], before, spngd_counts(opts[key])))
+                if kind in events:
+                    events[kind].append(spngd_event(opts[key], before, spngd_counts(opts[key])))
     graph_medians = {kind: [float(np.median(graph_times[(kind, g)])) for g in range(graphs)] for kind in optimizers}
     baseline_medians = {kind: float(np.median(times[kind])) for kind in optimizers if kind in BASELINES}
     baseline = min(baseline_medians, key=baseline_medians.get)
@@ -533,7 +555,7 @@ def bench_model(model_name, batch, optimizers, rounds, period, spngd_warmup, tim
         schedule = schedule_of(kind, period)
         steps = len(times[kind])
         if schedule.adaptive:
-            step_events = events["spngd"]
+            step_events = events[kind]
         else:
             step_events = fixed_events(schedule, len(specs), steps, period)
         # rates over the timed steps: per layer, of A capture, G capture, inversion
@@ -565,7 +587,7 @@ def bench_model(model_name, batch, optimizers, rounds, period, spngd_warmup, tim
             refresh = np.asarray([e[2][0] for e in step_events])
         quiet = ~refresh
         row = {"model": model_name, "batch": batch, "optimizer": kind, "period": period, "steps": steps,
-               "compile_s": compile_s[kind], "momentum_median_s": base, "baseline": baseline,
+               "compile_s": compile_s[kind], "lean_compile_s": lean_compile_s.get(kind), "momentum_median_s": base, "baseline": baseline,
                "baseline_medians_s": baseline_medians, "graphs": graphs,
                "momentum_graph_medians_s": graph_medians[baseline], "graph_medians_s": graph_medians[kind],
                "train_gflop": totals["train"] / GIGA,
@@ -628,7 +650,10 @@ def summary_markdown(rows):
             quiet = "-"
         amortised = (f"{_ms(r['amortised_s'])} ({r['amortised_ratio']:.2f}x) / {_ms(r['floor_amortised_s'])} "
                      f"({r['floor_amortised_ratio']:.2f}x) / {_ms(r['overhead_amortised_s'])}")
-        lines.append(f"| {r['model']} ({r['batch']}) | {r['optimizer']} | {r['train_gflop']:.3f} | "
+        name = r["optimizer"]
+        if r.get("lean_compile_s") is not None:       # first call (full graph) and first lean call, each + a step
+            name += f" (compiles {r['compile_s']:.1f} s + {r['lean_compile_s']:.1f} s)"
+        lines.append(f"| {r['model']} ({r['batch']}) | {name} | {r['train_gflop']:.3f} | "
                      f"{r['capture_gflop']:.3f} / {r['inverse_gflop']:.3f} / {r['precondition_gflop']:.3f} | "
                      f"{r['flop_ratio']:.2f} | {_baseline_cell(r)} | {quiet} | {amortised} | "
                      f"{r['refresh_steps']}/{r['steps']} |")

@@ -107,6 +107,22 @@ def test_several_graphs_per_optimizer_pool_their_steps(tmp_path):
     assert "| tiny-mlp (8) | momentum | " in result["markdown"]
 
 
+def test_lean_kinds_train_with_the_lean_step_and_report_both_compiles(tmp_path):
+    path = cost_model.main(["--models", "tiny-mlp", "--optimizers", "momentum,kfac-P/P,kfac-P/P+lean",
+                            "--rounds", "1", "--period", "3", "--repeats", "1", "--out", str(tmp_path)])
+    with open(path, encoding="utf-8") as handle:
+        result = json.load(handle)
+    plain, lean = result["rows"]
+    assert (plain["optimizer"], lean["optimizer"]) == ("kfac-P/P", "kfac-P/P+lean")
+    assert plain["lean_compile_s"] is None and lean["lean_compile_s"] > 0
+    # the same schedule: one refresh in the period, and the lean kind's FLOP model is the plain one's
+    assert lean["refresh_steps"] == plain["refresh_steps"] == 1
+    assert lean["flop_ratio"] == plain["flop_ratio"]
+    assert "| tiny-mlp (8) | kfac-P/P+lean (compiles " in result["markdown"]
+    cell, _ = cost_model.build_cell("tiny-mlp", "thor+lean", 3)
+    assert type(cell).__name__ == "NGDTrainOneStepCell"
+
+
 def test_digits_batches_are_one_epoch_of_the_training_split_in_a_fixed_order():
     from benchmarks.data import digits_arrays
     x_train, y_train = digits_arrays()[:2]
