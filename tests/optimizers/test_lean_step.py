@@ -64,26 +64,29 @@ def _kfac_pp(net, **kwargs):
                     verbose=False, **kwargs)
 
 
-def test_model_train_with_the_lean_step_matches_model_with_the_optimizer():
+def _model_trained(lean, samples, epochs, sink):
+    """BNNet trained by ``Model.train`` with K-FAC (captures every 3rd step), through
+    NGDTrainOneStepCell (as the README shows it) or ``Model(net, loss, opt)``; returns (weights,
+    optimizer, training step or None, accuracy on the training samples)."""
     rng = np.random.default_rng(4)
-    x = rng.standard_normal((48, 2, 5, 5)).astype(np.float32)
-    y = rng.integers(0, 3, 48).astype(np.int32)
+    x = rng.standard_normal((samples, 2, 5, 5)).astype(np.float32)
+    y = rng.integers(0, 3, samples).astype(np.int32)
+    ms.set_seed(0)
+    net = BNNet()
+    opt = _kfac_pp(net)
+    if lean:
+        step = ngd.NGDTrainOneStepCell(nn.WithLossCell(net, CE), opt)
+        model = Model(step, eval_network=nn.WithEvalCell(net, CE), eval_indexes=[0, 1, 2], metrics={"acc"})
+    else:
+        model, step = Model(net, CE, opt, metrics={"acc"}), None
+    model.train(epochs, array_dataset(x, y, 8, shuffle=False), dataset_sink_mode=sink)
+    accuracy = model.eval(array_dataset(x, y, 8, shuffle=False), dataset_sink_mode=False)["acc"]
+    return {p.name: p.asnumpy().copy() for p in net.get_parameters()}, opt, step, accuracy
 
-    def trained(lean):
-        ms.set_seed(0)
-        net = BNNet()
-        opt = _kfac_pp(net)
-        if lean:          # as the README shows it
-            step = ngd.NGDTrainOneStepCell(nn.WithLossCell(net, CE), opt)
-            model = Model(step, eval_network=nn.WithEvalCell(net, CE), eval_indexes=[0, 1, 2], metrics={"acc"})
-        else:
-            model, step = Model(net, CE, opt, metrics={"acc"}), None
-        model.train(2, array_dataset(x, y, 8, shuffle=False), dataset_sink_mode=False)
-        accuracy = model.eval(array_dataset(x, y, 8, shuffle=False), dataset_sink_mode=False)["acc"]
-        return {p.name: p.asnumpy().copy() for p in net.get_parameters()}, opt, step, accuracy
 
-    plain, plain_opt, _, plain_accuracy = trained(False)
-    lean, lean_opt, step, lean_accuracy = trained(True)
+def test_model_train_with_the_lean_step_matches_model_with_the_optimizer():
+    plain, plain_opt, _, plain_accuracy = _model_trained(False, 48, 2, sink=False)
+    lean, lean_opt, step, lean_accuracy = _model_trained(True, 48, 2, sink=False)
     assert (step.full_steps, step.lean_steps) == (4, 8)         # 12 steps, every 3rd one captures
     _assert_same(plain, lean)
     assert lean_accuracy == plain_accuracy
@@ -95,21 +98,8 @@ def test_model_train_with_the_lean_step_matches_model_with_the_optimizer():
 def test_a_sunk_loop_trains_the_same():
     # on CPU MindSpore 2.10 still calls the training cell once per step in a sunk loop (measured), so
     # the lean graph runs there too; a device that compiles the loop would run construct: the full step
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal((32, 2, 5, 5)).astype(np.float32)
-    y = rng.integers(0, 3, 32).astype(np.int32)
-
-    def trained(lean):
-        ms.set_seed(0)
-        net = BNNet()
-        opt = _kfac_pp(net)
-        step = ngd.NGDTrainOneStepCell(nn.WithLossCell(net, CE), opt) if lean else None
-        model = Model(step) if lean else Model(net, CE, opt)
-        model.train(1, array_dataset(x, y, 8, shuffle=False), dataset_sink_mode=True)
-        return {p.name: p.asnumpy().copy() for p in net.get_parameters()}, step
-
-    plain, _ = trained(False)
-    sunk, step = trained(True)
+    plain, _, _, _ = _model_trained(False, 32, 1, sink=True)
+    sunk, _, step, _ = _model_trained(True, 32, 1, sink=True)
     assert step.full_steps + step.lean_steps in (0, 4)
     _assert_same(plain, sunk)
 
