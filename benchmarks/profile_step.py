@@ -6,7 +6,8 @@
 For each model and optimizer (the networks, batches and optimizer settings of
 :mod:`benchmarks.cost_model`) it trains ``period + 1`` steps (step 0 and step ``period`` capture and
 invert), then profiles the ``period - 1`` steps that follow, none of which captures a statistic or
-inverts a factor for ``kfac-P/P`` and ``thor`` (``kfac`` captures factors on every step).
+inverts a factor for ``kfac-P/P`` and ``thor`` (``kfac`` captures factors on every step). The
+``+lean`` kinds train with :class:`mindspore_ngd.NGDTrainOneStepCell`: those steps run its lean graph.
 
 SP-NGD's refreshes depend on the data: it trains ``--spngd-warmup`` more steps first, and the row
 reports how many statistics it refreshed in the profiled steps (``statistic_refreshes``; 0 makes
@@ -43,9 +44,9 @@ os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 import mindspore as ms  # noqa: E402
 
 from . import parse_names, save_results  # noqa: E402
-from .cost_model import DATA_SOURCES, MODELS, _batches, build_cell, data_error  # noqa: E402
+from .cost_model import DATA_SOURCES, MODELS, _batches, base_kind, build_cell, data_error  # noqa: E402
 
-PROFILED = ("momentum", "kfac", "kfac-P/P", "spngd", "thor")
+PROFILED = ("momentum", "kfac", "kfac-P/P", "spngd", "thor", "kfac-P/P+lean", "spngd+lean", "thor+lean")
 DEFAULT_MODELS = ("resnet20", "fmnist-mlp-b1024")
 DEFAULT_OPTIMIZERS = ("momentum", "kfac-P/P", "thor")
 _KERNEL = re.compile(r"-op\d+$")
@@ -107,12 +108,13 @@ def profile_one(model_name, optimizer, period, keep=None, data="synthetic", spng
         raise ValueError(f"period must be >= 2, got {period}")
     cell, opt = build_cell(model_name, optimizer, period)
     batches = _batches(model_name, data=data)
-    warm = period + 1 + (spngd_warmup if optimizer == "spngd" else 0)
+    adaptive = base_kind(optimizer) == "spngd"
+    warm = period + 1 + (spngd_warmup if adaptive else 0)
     for step in range(warm):                        # steps 0 .. period: both refresh steps
         cell(*batches[step % len(batches)]).asnumpy()
     path = keep or tempfile.mkdtemp(prefix="ngd_profile_")
     steps = period - 1
-    refreshes = opt.state_counters()["statistic_refreshes"] if optimizer == "spngd" else None
+    refreshes = opt.state_counters()["statistic_refreshes"] if adaptive else None
     try:
         profiler = ms.Profiler(output_path=path)
         start = time.perf_counter()
