@@ -27,6 +27,24 @@ def _add_arguments(parser):
                         help="data-parallel training: auto = when started by msrun / a rank table / mpirun")
 
 
+def _lean_model(network, loss, optimizer, metrics, manager, config):
+    """``Model`` over ``mindspore_ngd.NGDTrainOneStepCell``: the training network MindSpore's own
+    ``amp.build_train_network`` builds for ``Model`` (mixed precision, fixed loss scale), with its steps
+    that capture nothing run in the lean graph; evaluation as ``Model``'s own."""
+    from mindspore import nn
+    from mindspore.train import Model, amp
+
+    import mindspore_ngd as ngd
+    if not isinstance(optimizer, ngd.NGDOptimizer):
+        raise runtime.UsageError(f"lean_step: true needs a natural-gradient optimizer (kfac, thor, spngd), "
+                                 f"got optimizer {config['optimizer']!r}")
+    cell = amp.build_train_network(network, optimizer, loss, level=config["amp_level"], loss_scale_manager=manager)
+    sens = manager.get_loss_scale() if manager is not None else None
+    step = ngd.NGDTrainOneStepCell(cell.network, optimizer, sens=sens)
+    evaluation = nn.WithEvalCell(network, loss, config["amp_level"] in ("O2", "O3"))
+    return Model(step, eval_network=evaluation, eval_indexes=[0, 1, 2], metrics=metrics)
+
+
 def train(args, config):
     from mindspore import nn
     from mindspore.train import (CheckpointConfig, LossMonitor, Model, ModelCheckpoint, TimeMonitor,
@@ -73,8 +91,11 @@ def train(args, config):
     loss_scale = config["loss_scale"]
     manager = FixedLossScaleManager(loss_scale, drop_overflow_update=False) if loss_scale != 1.0 else None
     metrics = {"top_1_accuracy": nn.Top1CategoricalAccuracy(), "top_5_accuracy": nn.Top5CategoricalAccuracy()}
-    model = Model(network, loss_fn=loss, optimizer=optimizer, metrics=metrics, loss_scale_manager=manager,
-                  amp_level=config["amp_level"])
+    if config["lean_step"]:
+        model = _lean_model(network, loss, optimizer, metrics, manager, config)
+    else:
+        model = Model(network, loss_fn=loss, optimizer=optimizer, metrics=metrics, loss_scale_manager=manager,
+                      amp_level=config["amp_level"])
 
     output_dir = os.path.abspath(config["output_dir"])
     throughput = ThroughputMonitor(config["batch_size"], group_size,

@@ -89,6 +89,23 @@ def test_resume_continues_with_bit_identical_weights(kfac_run, tmp_path):
     assert compared > 100 and any(name.startswith("kfac.") and name.endswith(".A_inv") for name in continuous)
 
 
+def test_lean_step_trains_to_the_same_checkpoint(kfac_run, tmp_path):
+    """``--lean_step true``: K-FAC's steps that capture nothing (every other one in cpu_smoke) run the
+    lean graph of NGDTrainOneStepCell; the epoch-2 checkpoint is the plain run's, bit for bit."""
+    output_dir, plain = kfac_run
+    result = _train(tmp_path, "kfac", "--lean_step", "true")
+    _check_trained(tmp_path, result.stdout, "kfac")
+    assert _losses(result.stdout) == _losses(plain.stdout)
+    expected = ms.load_checkpoint(_checkpoint(output_dir, 2))
+    actual = ms.load_checkpoint(_checkpoint(tmp_path, 2))
+    assert set(expected) == set(actual)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(actual[name].asnumpy(), value.asnumpy(), err_msg=name)
+    refused = run_script("run_standalone_train.sh", "cpu_smoke", "synthetic", "--optimizer", "momentum",
+                         "--lean_step", "true", "--output_dir", str(tmp_path / "momentum"))
+    assert refused.returncode != 0 and "lean_step: true needs a natural-gradient optimizer" in refused.stderr
+
+
 def test_eval_reads_the_checkpoint(kfac_run, tmp_path):
     output_dir, _ = kfac_run
     result_json = tmp_path / "result.json"

@@ -48,6 +48,7 @@ DEFAULTS = {
     "loss_scale": 1.0,                 # fixed loss scale (FixedLossScaleManager, no overflow dropping)
     "label_smooth_factor": 0.0,
     "dataset_sink_mode": False,
+    "lean_step": False,                # natural-gradient optimizers: train with NGDTrainOneStepCell
     "seed": 1,
     # checkpoints, evaluation, logging
     "output_dir": "./outputs",
