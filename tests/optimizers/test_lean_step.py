@@ -133,6 +133,25 @@ def test_a_checkpoint_of_the_lean_step_resumes_to_the_same_weights():
     _assert_same(_all_state(straight), _all_state(resumed))
 
 
+def test_a_new_batch_size_recompiles_each_graph_as_it_was():
+    # a smaller last batch makes MindSpore compile both cells again: the lean one must come out lean
+    # and the full one full (the switch is set around every lean call, never around a full one)
+    def trained(lean):
+        ms.set_seed(0)
+        net = BNNet()
+        opt = _kfac_pp(net)
+        step = ngd.NGDTrainOneStepCell(nn.WithLossCell(net, CE), opt) if lean else nn.TrainOneStepCell(
+            nn.WithLossCell(net, CE), opt)
+        step.set_train()
+        for i in range(8):
+            step(*batch(i, n=8 if i < 4 else 5))
+        return step
+
+    plain, lean = trained(False), trained(True)
+    assert (lean.full_steps, lean.lean_steps) == (3, 5)      # steps 0, 3, 6 capture; 4 and 5 are new-shape lean
+    _assert_same(_all_state(plain), _all_state(lean))
+
+
 def test_factors_on_every_step_never_take_the_lean_graph():
     ms.set_seed(0)
     net = BNNet()
