@@ -80,11 +80,13 @@ def dots_after(gradients, moments, after):
 _assembled = C.MultitypeFuncGraph("ngd_assembled")
 
 
-@_assembled.register("Tuple", "Tuple", "Tuple", "Tensor")
-def _assembled_one(matrices, pairs, role, grad):
+@_assembled.register("Tuple", "Tuple", "Tensor", "Tuple")
+def _assembled_one(matrices, pairs, grad, role):
     """One parameter's gradient, or its preconditioned replacement: ``role`` is the static
     ``(layer, is_bias, layer_has_bias, norm, gamma 0 / beta 1)`` of
-    :func:`~mindspore_ngd.optim.layers.parameter_roles`, -1 where no block owns it."""
+    :func:`~mindspore_ngd.optim.layers.parameter_roles`, -1 where no block owns it. The gradients come
+    first: in PyNative mode ``HyperMap`` descends into its first argument while it is a tuple, and a
+    role is one."""
     layer, is_bias, has_bias, norm, which = role
     if norm >= 0:
         return ops.cast(pairs[norm][which].reshape(grad.shape), grad.dtype)
@@ -128,7 +130,7 @@ class Update:
     def _assemble(self, gradients, preconditioned):
         """Gradient tuple with each preconditioned layer's weight/bias replaced, dtypes kept."""
         matrices, pairs = preconditioned
-        return _HYPER_MAP(F.partial(_assembled, matrices, pairs), self._roles, gradients)
+        return _HYPER_MAP(F.partial(_assembled, matrices, pairs), gradients, self._roles)
 
     def _lr_of(self, lr, i):
         """Learning rate of parameter ``i``: ``get_lr()`` is one value per parameter with group lrs."""

@@ -54,6 +54,7 @@ class NGDTrainOneStepCell(nn.Cell):
         optimizer._refuse_lean_step()
         self.full = nn.TrainOneStepCell(network, optimizer, sens)
         self.lean = nn.TrainOneStepCell(network, optimizer, sens)
+        self.network = network                # as nn.TrainOneStepCell's attributes
         self.optimizer = optimizer
         self.full_steps = 0
         self.lean_steps = 0

@@ -152,6 +152,26 @@ def test_a_new_batch_size_recompiles_each_graph_as_it_was():
     _assert_same(_all_state(plain), _all_state(lean))
 
 
+def test_pynative_mode_runs_the_lean_step_too(pynative):
+    # also the plain step: in PyNative mode HyperMap descended into the parameter roles and every
+    # optimizer step failed (since 88124f0; the PyNative Model.train test is a slow one), before the
+    # gradients became its first argument
+    def trained(lean):
+        ms.set_seed(0)
+        net = BNNet()
+        opt = _kfac_pp(net)
+        cell = ngd.NGDTrainOneStepCell if lean else nn.TrainOneStepCell
+        step = cell(nn.WithLossCell(net, CE), opt)
+        step.set_train()
+        for i in range(4):
+            step(*batch(i))
+        return step
+
+    plain, lean = trained(False), trained(True)
+    assert (lean.full_steps, lean.lean_steps) == (2, 2)
+    _assert_same(_all_state(plain), _all_state(lean))
+
+
 def test_factors_on_every_step_never_take_the_lean_graph():
     ms.set_seed(0)
     net = BNNet()
