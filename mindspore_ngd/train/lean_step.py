@@ -10,7 +10,8 @@ set. On every step on which the full graph would have captured nothing the two c
 values, so training is unchanged (tested bit for bit, on one process and on two msrun ranks); the
 refresh of the inverses, the guard and the update are in both. Measured in ``docs/performance.md``
 (a lean graph for the steps that capture nothing): ResNet-20 at batch 128, K-FAC every 20 steps,
-18 ms less per step (549 against 568 ms), at the price of a second compilation (14 s after 42 s).
+15-28 ms less per step in three runs (1.01-1.04x Momentum's step instead of 1.05-1.09x), at the
+price of a second compilation (13-15 s after 40-45 s).
 """
 from mindspore import nn
 
