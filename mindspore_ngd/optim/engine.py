@@ -15,6 +15,10 @@ One training step, as :meth:`NGDOptimizer.construct` reads:
    parameter; a step with a non-finite gradient changes no weight and no moment and is counted;
 6. plan -- the rule updates its state and sets the capture flags of the next step.
 
+:class:`~mindspore_ngd.NGDTrainOneStepCell` compiles the same step a second time with ``_lean`` set
+(no fold, no factor write-backs; the capture cells without their branches) and runs that graph on the
+steps whose capture flags are all off, where the two compute the same values.
+
 K-FAC, SP-NGD and THOR differ only in their :class:`~mindspore_ngd.Policy`. Each layer's state lives
 in its block (:mod:`mindspore_ngd.curvature.kronecker`, :mod:`~mindspore_ngd.curvature.unitwise`),
 the collectives in their one order in the exchange (:mod:`mindspore_ngd.parallel.exchange`).
