@@ -64,6 +64,13 @@ class CaptureControl(nn.Cell):
         ``token``, read after it (e.g. the flags the rule set for the next step)."""
         return self.capturing if token is None else ops.depend(self.capturing, token)
 
+    def pending(self):
+        """Host side: whether the next step captures any statistic or probes a trace (reads the flags
+        the last step set, synchronising with the device)."""
+        if bool(self.capturing.asnumpy()):
+            return True
+        return bool(self.has_probes and self.probing().asnumpy())
+
     def g_correction(self):
         """Factor that unscales a batch trace of G captured between folds (the last measured scale)."""
         if self.scale_probe is None:

@@ -232,26 +232,6 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         """
         return self._upgrade_guard(self.capture_control.upgrade(self.counters.upgrade(param_dict)))
 
-    def _refuse_lean_step(self):
-        """ValueError if this optimizer cannot run the lean graph of
-        :class:`~mindspore_ngd.NGDTrainOneStepCell`: ``fisher="mc"`` trains with its own step, which
-        drives the capture."""
-        reason = None
-        if self.policy.fisher == "mc":
-            reason = "fisher='mc' trains with MCFisherTrainStep, which drives the capture itself"
-        elif self.capture_control.driver is not None:
-            reason = f"the capture is driven by {self.capture_control.driver}"
-        if reason is not None:
-            raise ValueError(f"{type(self).__name__} cannot run a lean step: {reason}")
-
-    def captures_next_step(self):
-        """Whether the next step captures any statistic or probes a trace (host read of the flags the
-        last step set; synchronises with the device)."""
-        control = self.capture_control
-        if bool(control.capturing.asnumpy()):
-            return True
-        return bool(control.has_probes and control.probing().asnumpy())
-
     def _set_lean(self, lean):
         """Compile-time switch of the lean graph: with ``lean`` the optimizer's step leaves out the fold
         and the network's capture cells their capture branches. Set only around a lean graph's call."""

@@ -126,7 +126,7 @@ def test_a_checkpoint_of_the_lean_step_resumes_to_the_same_weights():
         resumed(*batch(1))
         not_loaded, _ = ms.load_param_into_net(resumed, ms.load_checkpoint(path))
     assert not not_loaded
-    assert resumed.optimizer.captures_next_step() is False     # step 4 of period 3: a lean step next
+    assert resumed.optimizer.capture_control.pending() is False     # step 4 of period 3: a lean step next
     for i in range(4, 8):
         resumed(*batch(i))
     assert resumed.lean_steps >= 3 and resumed.full_steps >= 2
