@@ -74,9 +74,32 @@ def batches():
              rng.integers(0, CLASSES, GLOBAL_BATCH).astype(np.int32)) for _ in range(STEPS)]
 
 
+def _kfac_3_4(net):
+    # factors every 3rd step, inverses every 4th: an inverse is due on steps that capture nothing (4, 8, 16)
+    return ngd.KFAC(net, learning_rate=0.05, damping=1e-2, inverse_update_interval=4, factor_update_interval=3,
+                    nesterov=True, verbose=False, adaptive_damping=False)
+
+
+def _kfac_4_adaptive(net):
+    # adaptive damping on (the default): the damping may move, and re-invert, on any step
+    return ngd.KFAC(net, learning_rate=0.05, damping=1e-2, inverse_update_interval=4, factor_update_interval=4,
+                    verbose=False)
+
+
+# Variants for the lean training step (NGDTrainOneStepCell runs its lean graph on their steps that
+# capture nothing): a case's network, weights and batches with another optimizer. They have no
+# recorded golden; the tests compare each with the same variant trained by nn.TrainOneStepCell.
+VARIANTS = {
+    "kfac_3_4": ("kfac_eigh", _kfac_3_4),
+    "kfac_4_adaptive": ("kfac_eigh", _kfac_4_adaptive),
+}
+
+
 def build(name):
-    """(network, optimizer, training step) of a case, weights fixed."""
-    make, batchnorm, monte_carlo, _ = CASES[name]
+    """(network, optimizer, training step) of a case or variant, weights fixed."""
+    case, make = VARIANTS.get(name, (name, None))
+    case_make, batchnorm, monte_carlo, _ = CASES[case]
+    make = make or case_make
     ms.set_seed(0)
     net = ThreeLayerNet(batchnorm)
     set_weights(net, np.random.default_rng(3), scale=0.3)

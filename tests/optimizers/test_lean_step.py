@@ -34,7 +34,8 @@ def _assert_same(expected, actual):
 
 
 def _golden_pair(name):
-    """The golden case trained by nn.TrainOneStepCell and by NGDTrainOneStepCell (fresh copies)."""
+    """The golden case (or variant) trained by nn.TrainOneStepCell and by NGDTrainOneStepCell (fresh
+    copies)."""
     _, _, plain = gc.build(name)
     net, opt, _ = gc.build(name)
     lean = ngd.NGDTrainOneStepCell(nn.WithLossCell(net, CE), opt)
@@ -42,11 +43,18 @@ def _golden_pair(name):
     return plain, lean
 
 
-# kfac_eigh: factors every 2nd step; spngd_bn: adaptive per-statistic intervals and unit-wise BatchNorm;
-# thor_split_trace: trace probes between refreshes (and the loss-scale probe read on every step);
-# thor_split_clip: block-split factors, BatchNorm, gradient clipping. (The golden K-FAC case captures
-# on every step, so it never runs the lean graph.)
-@pytest.mark.parametrize("name", ["kfac_eigh", "spngd_bn", "thor_split_trace",
+# The steps of 20 (0 .. 19) that run the lean graph: those that capture nothing. kfac_eigh: factors
+# every 2nd step; kfac_3_4: factors every 3rd step, inverses every 4th, so that the lean graph's
+# refresh branch is taken on steps 4, 8 and 16; kfac_4_adaptive: adaptive damping on (the lean graph
+# may re-invert when the damping moved). spngd_bn: adaptive per-statistic intervals and
+# unit-wise BatchNorm; thor_split_trace: trace probes between refreshes (and the loss-scale probe read
+# on every step); thor_split_clip: block-split factors, BatchNorm, gradient clipping.
+LEAN_STEPS = {"kfac_eigh": [s for s in range(gc.STEPS) if s % 2],
+              "kfac_3_4": [s for s in range(gc.STEPS) if s % 3],
+              "kfac_4_adaptive": [s for s in range(gc.STEPS) if s % 4]}
+
+
+@pytest.mark.parametrize("name", ["kfac_eigh", "kfac_3_4", "kfac_4_adaptive", "spngd_bn", "thor_split_trace",
                                   pytest.param("thor_split_clip", marks=pytest.mark.slow)])
 def test_lean_steps_train_bit_identically_to_the_full_step(name):
     plain, lean = _golden_pair(name)
@@ -55,6 +63,10 @@ def test_lean_steps_train_bit_identically_to_the_full_step(name):
         lean(Tensor(x), Tensor(y))
     assert lean.lean_steps > 0 and lean.full_steps > 0, (lean.lean_steps, lean.full_steps)
     assert lean.lean_steps + lean.full_steps == gc.STEPS
+    if name in LEAN_STEPS:
+        assert lean.lean_steps == len(LEAN_STEPS[name])
+    if name == "kfac_3_4":      # steps 0, 4, 8, 12, 16 re-invert; 4, 8 and 16 in the lean graph
+        assert lean.optimizer.state_counters()["inverse_refreshes"] == 5
     _assert_same(_all_state(plain), _all_state(lean))
 
 
@@ -196,7 +208,8 @@ def test_bad_optimizers_are_refused_before_compiling():
 @pytest.mark.distributed
 def test_two_msrun_ranks_train_the_same_with_the_lean_step():
     from distributed import run_msrun
-    cases = ["spngd_bn", "thor_split_trace"]
+    # kfac_3_4: the lean graph's refresh branch taken (steps 4, 8, 16) on both ranks
+    cases = ["kfac_3_4", "spngd_bn", "thor_split_trace"]
     run = run_msrun("tests/distributed/workers/golden_worker.py", ["--lean"] + cases, workers=2, timeout=600)
     assert sorted(run.results) == [0, 1]
     for rank, result in run.results.items():
