@@ -8,11 +8,11 @@ tensor to float32, flatten it and concatenate the results. The tensors have ``n`
 its first call (compile + one tiny step) in its own child process, so that no compiled graph is
 shared between rows:
 
-* ``tuple +=`` -- ``out = (); for x in xs: out += (f(x),)``, the engine's style before 0.2.1;
+* ``tuple +=`` -- ``out = (); for x in xs: out += (f(x),)``, the engine's style before commit 88124f0;
 * ``list.append`` -- ``out = []; for x in xs: out.append(f(x))``;
 * ``comprehension`` -- ``[f(x) for x in xs]``;
 * ``HyperMap`` -- ``C.HyperMap()(f, xs)`` over a ``MultitypeFuncGraph`` (what ``nn.Momentum`` and,
-  since 0.2.1, the engine's per-parameter passes use).
+  since commit 88124f0, the engine's per-parameter passes use).
 
 The first three grow a tuple or list one element at a time; their compile time grows faster than
 ``n`` (measured 2026-11-23: from 40 to 160 tensors, 4.8x for ``tuple +=`` and 2.1x for ``HyperMap``).
