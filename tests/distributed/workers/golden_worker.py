@@ -1,6 +1,6 @@
-"""msrun worker: the golden cases of tests/golden_cases.py on this rank's half of every batch, under
-DATA_PARALLEL. usage: golden_worker.py [--lean] CASE [CASE ...]; reports every case's weights after 20
-steps. With ``--lean`` each case is trained twice, with its usual step and with
+"""msrun worker: the golden cases (or their lean-step VARIANTS) of tests/golden_cases.py on this rank's
+half of every batch, under DATA_PARALLEL. usage: golden_worker.py [--lean] CASE [CASE ...]; reports every
+case's weights after 20 steps. With ``--lean`` each case is trained twice, with its usual step and with
 ``NGDTrainOneStepCell``, and both are reported (``cases`` and ``lean``) with the lean step counts."""
 import sys
 
