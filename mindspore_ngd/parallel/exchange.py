@@ -23,7 +23,6 @@ deadlock, which is why every branch condition around a collective is itself agre
 """
 import numpy as np
 
-import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
 __all__ = ["LocalExchange", "DistributedExchange"]
