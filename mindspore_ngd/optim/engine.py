@@ -19,8 +19,13 @@ One training step, as :meth:`NGDOptimizer.construct` reads:
 (no fold, no factor write-backs; the capture cells without their branches) and runs that graph on the
 steps whose capture flags are all off, where the two compute the same values.
 
-K-FAC, SP-NGD and THOR differ only in their :class:`~mindspore_ngd.Policy`. Each layer's state lives
-in its block (:mod:`mindspore_ngd.curvature.kronecker`, :mod:`~mindspore_ngd.curvature.unitwise`),
+The steps have their own modules, mixed into :class:`NGDOptimizer`: the fold in
+:mod:`~mindspore_ngd.optim.fold`, the refresh in
+:mod:`~mindspore_ngd.optim.refresh`, the preconditioning and KL clipping in
+:mod:`~mindspore_ngd.optim.precondition`, the update in :mod:`~mindspore_ngd.optim.update`, adaptive
+damping and the divergence stop in :mod:`~mindspore_ngd.optim.guard`; this module builds the optimizer
+and runs the step. K-FAC, SP-NGD and THOR differ only in their :class:`~mindspore_ngd.Policy`. Each
+layer's state lives in its block (:mod:`mindspore_ngd.curvature.kronecker`, :mod:`~mindspore_ngd.curvature.unitwise`),
 the collectives in their one order in the exchange (:mod:`mindspore_ngd.parallel.exchange`).
 
 MindSpore 2.10 constraints that shape this code (each measured): state Parameters are written only
@@ -43,7 +48,6 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
 from .. import _validate
-from .._graph import columns as matrix_columns
 from ..capture import CaptureControl, attach
 from ..capture.loss_scale import LossScaleProbe, reference_layer
 from ..curvature.counters import LayerCounters
@@ -56,7 +60,10 @@ from .groups import parse_groups
 from .layers import discover, parameter_roles, plain_layers
 from .argdocs import shared_arguments
 from .policy import Policy, check_arguments, default_decay_filter
+from .fold import Fold
 from .guard import Guard, refuse_compile_cache
+from .precondition import Precondition
+from .refresh import Refresh
 from .report import Inspection, report_invisible
 from .update import Update, flat_gradients
 
@@ -66,7 +73,7 @@ logger = logging.getLogger("mindspore_ngd")
 
 
 @shared_arguments
-class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
+class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Optimizer):
     """Natural-gradient optimizer engine (an ``nn.Optimizer``); use :class:`mindspore_ngd.KFAC` etc.
 
     Args:
@@ -305,276 +312,3 @@ class NGDOptimizer(Inspection, Update, Guard, nn.Optimizer):
         self.refresh_rule.plan_next(ops.depend(step, success), refreshed, changes)
         ops.assign_add(self.global_step, self.global_step_increase_tensor)
         return success
-
-    @staticmethod
-    def _all_layers(layers, every):
-        out = ()
-        for flag in layers:
-            out += (ops.logical_or(flag, every),)
-        return out
-
-    # ------------------------------------------------------------------ fold
-    def _change_size(self):
-        return len(self.statistic_names) if self.policy.refresh.track_changes else 1
-
-    def _nothing_refreshed(self):
-        flags = ()
-        for _ in range(self.num_layers):
-            flags += (ops.zeros((), ms.bool_),)
-        return flags
-
-    def _stored_factors(self):
-        """(per layer (A, G), (A counts, G counts, demoted flags), factor fault count[, per BatchNorm layer
-        F, F counts]); counts and flags are (layers,) / (BatchNorm layers,) vectors."""
-        layers, norms = (), ()
-        for block in self.blocks:
-            layers += (block.factors(),)
-        state = (layers, self.counters.factor_counts(), self.factor_faults)
-        if not self.num_norms:
-            return state
-        for block in self.norm_blocks:
-            norms += (block.factors(),)
-        return state + (norms, self.counters.f_updates)
-
-    def _folded(self, state, finite, gradients, scale, damping):
-        """(new factor state, per-layer flag 'A or G of this layer was taken', relative changes, loss
-        scale seen). ``damping`` is this step's; a rule that measures changes against the damped
-        statistics (SP-NGD's default) gets them so.
-
-        A step with a non-finite gradient (a loss-scale overflow, or divergence) folds nothing and is
-        no fault of the curvature: it is counted once, as a skipped step. G and the unit-wise Fishers
-        are unscaled by the loss scale measured in this step (:mod:`mindspore_ngd.capture.loss_scale`),
-        or the last one measured when this step's cannot be.
-
-        A layer whose captured statistic still holds the UNSEEN mark is demoted (see
-        :class:`~mindspore_ngd.curvature.kronecker.KroneckerBlock`): it is judged on this rank's own
-        buffers, before any reduction, so every rank decides alike (the capture runs the same graph on
-        every rank) without a collective."""
-        token = finite
-        a_batches, g_batches, f_batches, unseen = (), (), (), ()
-        for k in range(self.num_layers):
-            a_batch, g_batch = self.blocks[k].batch(token)
-            take_a, take_g = self.capture_control.layer_flags(k)
-            unseen += (self.blocks[k].unseen(a_batch, g_batch, take_a, take_g),)
-            a_batches += (a_batch,)
-            g_batches += (g_batch,)
-        for block in self.norm_blocks:
-            f_batches += (block.batch(token),)
-        probe = self.capture_control.scale_probe
-        distributed = self.exchange.distributed
-        extra = probe.probe(token) if probe is not None and distributed else None
-        a_batches, g_batches, f_batches, token, extra = self.exchange.reduce_statistics(
-            a_batches, g_batches, f_batches, token, extra)
-        if probe is not None:
-            if distributed:          # the ranks' mean probe against the ranks' mean gradient
-                scale = probe.scale_after(extra, gradients, finite, scale)
-            elif not self._probe_every_step:
-                scale = probe.scale_after(probe.probe(token), gradients, finite, scale)
-            correction = probe.correction(scale)
-            unscaled, unscaled_f = (), ()
-            for g_batch in g_batches:
-                unscaled += (g_batch * correction,)
-            for f_batch in f_batches:
-                unscaled_f += (f_batch * correction,)
-            g_batches, f_batches = unscaled, unscaled_f
-        track = self.policy.refresh.track_changes
-        # what the changes are measured against (StaleIntervals.measure): the damped statistics, or None
-        fold_damping = damping if self._damped_changes else None
-        norm_damping = self.policy.batchnorm_damping if self._damped_changes else None
-        zero = ops.zeros((), ms.float32)
-        a_counts, g_counts, was_demoted = state[1]
-        demoted = ops.logical_or(was_demoted, ops.stack(unseen))
-        demoted_each, a_each, g_each = ops.unstack(demoted), ops.unstack(a_counts), ops.unstack(g_counts)
-        # an owner's fold that took nothing: nothing taken or rejected, no change (-1, as block.fold
-        # reports it); a rank that does not own the layer contributes zeros to the agreement
-        idle = (zero,) * 4 + ((-ops.ones((), ms.float32),) * 2 if track else ())
-        folded, outcomes = (), ()
-        for k in range(self.num_layers):
-            block = self.blocks[k]
-            a, g, outcome = state[0][k][0], state[0][k][1], (zero,) * (6 if track else 4)
-            if block.owned:
-                outcome = idle
-                take_a, take_g = self.capture_control.layer_flags(k)
-                keep = ops.logical_and(ops.logical_not(demoted_each[k]), finite)
-                take_a, take_g = ops.logical_and(take_a, keep), ops.logical_and(take_g, keep)
-                if self.refresh_rule.per_layer:
-                    # per-statistic intervals: most steps fold a few layers, so each layer's fold is a
-                    # run-time branch of its own (nested in the fold's; like the per-layer inversions)
-                    if ops.logical_or(take_a, take_g):
-                        a, g, outcome = block.fold(state[0][k], (a_each[k], g_each[k]), a_batches[k],
-                                                   g_batches[k], take_a, take_g, self.factor_decay, track,
-                                                   fold_damping)
-                else:
-                    a, g, outcome = block.fold(state[0][k], (a_each[k], g_each[k]), a_batches[k], g_batches[k],
-                                               take_a, take_g, self.factor_decay, track, fold_damping)
-            folded += ((a, g),)
-            outcomes += (outcome,)
-        # what each statistic's fold did, made identical on every rank (distributed: the owners' outcome)
-        outcomes = self.exchange.agree(outcomes, token)
-        refreshed, took_a, took_g, rejected, a_changes, g_changes = (), (), (), (), (), ()
-        for k in range(self.num_layers):
-            outcome = outcomes[k]
-            took_a += (outcome[0],)
-            took_g += (outcome[1],)
-            rejected += (outcome[2] + outcome[3],)
-            refreshed += (ops.logical_or(outcome[0] > 0.5, outcome[1] > 0.5),)
-            if track:
-                a_changes += (outcome[4],)
-                g_changes += (outcome[5],)
-        counts = (a_counts + ops.cast(ops.stack(took_a) > 0.5, ms.int32),
-                  g_counts + ops.cast(ops.stack(took_g) > 0.5, ms.int32), demoted)
-        faults = state[2] + ops.cast(ops.reduce_sum(ops.stack(rejected)) + 0.5, ms.int32)
-        changes = ops.stack(a_changes + g_changes) if track else -ops.ones((1,), ms.float32)
-        if not self.num_norms:
-            return (folded, counts, faults), refreshed, changes, scale
-        norms, norm_counts, norm_changes = (), (), ()
-        f_each = ops.unstack(state[4])
-        for j in range(self.num_norms):
-            fisher, count, bad, change = self.norm_blocks[j].fold(
-                state[3][j], f_each[j], f_batches[j], ops.logical_and(self.capture_control.norm_flag(j), finite),
-                self.factor_decay, track, norm_damping)
-            norms += (fisher,)
-            norm_counts += (count,)
-            norm_changes += (change,)
-            faults = faults + bad
-        if track:
-            changes = ops.concat((changes, ops.stack(norm_changes)))
-        return (folded, counts, faults, norms, ops.stack(norm_counts)), refreshed, changes, scale
-
-    def _store_factors(self, state):
-        for k in range(self.num_layers):
-            self.blocks[k].write_factors(state[0][k])
-        self.counters.write_factor_counts(state[1])
-        ops.assign(self.factor_faults, state[2])
-        if self.num_norms:
-            for j in range(self.num_norms):
-                self.norm_blocks[j].write_factors(state[3][j])
-            self.counters.write_norm_counts(state[4])
-
-    # ------------------------------------------------------------------ refresh
-    def _stored_inverses(self):
-        """(per layer (A inverse, G inverse), has-inverse flags (layers,), inverse fault count[, per-layer
-        inversion counts of this step when distributed])."""
-        layers = ()
-        for block in self.blocks:
-            layers += (block.inverses(),)
-        if self.exchange.distributed:
-            return layers, self.counters.has_inverse, self.inverse_faults, ops.zeros((self.num_layers,), ms.int32)
-        return layers, self.counters.has_inverse, self.inverse_faults
-
-    def _inverted(self, state, factors, damping, layers):
-        """New inverse state: every owned layer that is ready (and selected by ``layers``) re-inverted.
-
-        With a per-layer rule each layer's inversion is its own run-time branch, so a step that
-        refreshed one layer inverts only that layer; the caller runs this under one outer branch,
-        taken when any layer is due, so that a step which refreshed nothing dispatches one branch
-        instead of one per layer. Otherwise the caller runs this under one branch for all layers."""
-        ready = LayerCounters.ready(factors[1])
-        if layers is not None:
-            ready = ops.logical_and(ready, ops.stack(layers))
-        ready, trusted = ops.unstack(ready), ops.unstack(state[1])
-        faults, new, taken, counts = state[2], (), (), ()
-        for k in range(self.num_layers):
-            block = self.blocks[k]
-            a_inv, g_inv = state[0][k]
-            take, inverted = ops.zeros((), ms.bool_), ops.zeros((), ms.int32)
-            if block.owned:
-                if self.refresh_rule.per_layer:
-                    fault = ops.zeros((), ms.int32)
-                    if ready[k]:
-                        a_inv, g_inv, take, fault = block.refreshed(factors[0][k], ready[k], damping, (a_inv, g_inv),
-                                                                    trusted[k])
-                    inverted = ops.cast(ready[k], ms.int32)
-                else:
-                    a_inv, g_inv, take, fault = block.refreshed(factors[0][k], ready[k], damping, (a_inv, g_inv),
-                                                                trusted[k])
-                    inverted = ops.ones((), ms.int32)
-                faults = faults + fault
-            new += ((a_inv, g_inv),)
-            taken += (take,)
-            counts += (inverted,)
-        has = ops.logical_or(state[1], ops.stack(taken))
-        if self.exchange.distributed:
-            return new, has, faults, ops.stack(counts)
-        return new, has, faults
-
-    def _store_inverses(self, state, due):
-        for k in range(self.num_layers):
-            self.blocks[k].write_inverses(state[0][k])
-        self.counters.write_has_inverse(state[1])
-        ops.assign(self.inverse_faults, state[2])
-        ops.assign_add(self.inverse_refreshes, ops.cast(due, ms.int32))
-        if self.exchange.distributed:
-            self.exchange.count_inversions(state[3])
-
-    # ------------------------------------------------------------------ precondition and update
-    def _preconditioned(self, gradients, lr, inverses, factors):
-        """Preconditioned gradient matrices of all layers and BatchNorm (gamma, beta) pairs, KL-clipped.
-
-        Distributed, every rank ends with the same matrices, so the KL factor is identical on every
-        rank; the gather waits for the fault count of the fold (collective 3 after 2)."""
-        own = ()
-        for k in range(self.num_layers):
-            block = self.blocks[k]
-            if block.owned:
-                own += (block.precondition(inverses[0][k], block.gradient(gradients)),)
-        matrices = self.exchange.gather(own, factors[2])
-        # a demoted layer's update is the plain one: outside the KL budget and never rescaled
-        demoted = factors[1][2]
-        stacked, norm_grads = None, None
-        if self.num_norms:      # every BatchNorm layer's channels at once, cut into layers where needed
-            norm_grads = self.norm_stack.gradients(gradients)
-            stacked = self.norm_stack.precondition(factors[3], factors[4], norm_grads,
-                                                   self.policy.batchnorm_damping)
-        if self.policy.kl_clip is None:
-            return matrices, self._norm_pairs(stacked)
-        if self.is_group_lr:
-            vg = self._group_vg(matrices, self._norm_pairs(stacked), self._norm_pairs(norm_grads), gradients, lr)
-        else:
-            dots, norm_dots = (), ()
-            for k in range(self.num_layers):
-                dots += (ops.reduce_sum(matrices[k] * self.blocks[k].gradient(gradients)),)
-            if self.num_norms:
-                norm_dots = self.norm_stack.dots(stacked, norm_grads)
-            kept = ops.unstack(ops.where(demoted, ops.zeros((self.num_layers,), ms.float32), ops.stack(dots)))
-            vg = ops.addn(kept + norm_dots) * lr * lr
-        usable = ops.logical_and(vg > 0, ops.isfinite(vg))
-        nu = ops.minimum(ops.sqrt(self.policy.kl_clip / ops.where(usable, vg, ops.ones_like(vg))), 1.0)
-        nu = ops.where(usable, nu, ops.ones_like(nu))
-        factor = ops.unstack(ops.where(demoted, ops.ones((self.num_layers,), ms.float32), nu))
-        scaled, scaled_pairs = (), ()
-        for k in range(self.num_layers):
-            scaled += (matrices[k] * factor[k],)
-        if self.num_norms:
-            scaled_pairs = self._norm_pairs((stacked[0] * nu, stacked[1] * nu))
-        return scaled, scaled_pairs
-
-    def _norm_pairs(self, stacked):
-        """A stacked BatchNorm (gamma, beta) pair cut into per-layer pairs; () without BatchNorm layers."""
-        if self.num_norms:
-            return self.norm_stack.layer_pairs(stacked)
-        return ()
-
-    def _group_vg(self, matrices, pairs, norm_grads, gradients, lr):
-        """``sum_i lr_i^2 <P_i, g_i>`` over the preconditioned parameters, each with its own learning
-        rate (parameter groups): a layer's weight and bias columns may belong to different groups.
-        ``pairs`` and ``norm_grads`` are the BatchNorm layers' preconditioned and plain (gamma, beta)."""
-        terms = ()
-        for k in range(self.num_layers):
-            block = self.blocks[k]
-            product = matrices[k] * block.gradient(gradients)
-            lr_w = self._lr_of(lr, block.weight_index)
-            if block.bias_index >= 0:
-                columns = product.shape[1]
-                lr_b = self._lr_of(lr, block.bias_index)
-                terms += (ops.reduce_sum(matrix_columns(product, 0, columns - 1)) * lr_w * lr_w,
-                          ops.reduce_sum(matrix_columns(product, columns - 1, 1)) * lr_b * lr_b)
-            else:
-                terms += (ops.reduce_sum(product) * lr_w * lr_w,)
-        for j in range(self.num_norms):
-            block = self.norm_blocks[j]
-            grads = norm_grads[j]
-            lr_g, lr_b = self._lr_of(lr, block.gamma_index), self._lr_of(lr, block.beta_index)
-            terms += (ops.reduce_sum(pairs[j][0] * grads[0]) * lr_g * lr_g,
-                      ops.reduce_sum(pairs[j][1] * grads[1]) * lr_b * lr_b)
-        return ops.addn(terms)
