@@ -198,3 +198,22 @@ def test_the_ratios_divide_by_the_faster_of_the_two_momentum_graphs(tmp_path):
 def test_the_optimizers_must_start_with_a_baseline():
     with pytest.raises(SystemExit, match="must start with one of"):
         cost_model.main(["--models", "tiny-mlp", "--optimizers", "kfac,momentum", "--out", ""])
+
+
+def test_the_capture_floor_trains_the_captured_network_with_momentum():
+    """``momentum+capture`` compiles nn.Momentum over the zoo network with K-FAC's capture attached and
+    every capture flag set (built here, not compiled)."""
+    import sys
+    from mindspore import nn
+    from mindspore_ngd.capture import current_capture
+    cost_model.compile_times((), config="cpu_smoke")          # puts the model zoo on the path
+    import benchmark as zoo_benchmark
+    cell = cost_model._zoo_cell(zoo_benchmark, "cpu_smoke", cost_model.CAPTURE_FLOOR, 8, 2)
+    assert type(cell.optimizer) is nn.Momentum
+    captures = [current_capture(c) for _, c in cell.network.cells_and_names() if current_capture(c) is not None]
+    assert len(captures) == 10                                # cpu_smoke's convolutions and its Dense
+    assert all(bool(c.capture_a.asnumpy()) and bool(c.capture_g.asnumpy()) for c in captures)
+    assert {p.name for p in cell.optimizer.parameters} == {p.name for p in cell.network.trainable_params()}
+    assert "model_zoo" in " ".join(sys.path)
+    with pytest.raises(SystemExit, match="must be among"):
+        cost_model.main(["--compile", "--optimizers", "momentum+lean", "--out", ""])
