@@ -20,13 +20,13 @@ One training step, as :meth:`NGDOptimizer.construct` reads:
 steps whose capture flags are all off, where the two compute the same values.
 
 The steps have their own modules, mixed into :class:`NGDOptimizer`: the fold in
-:mod:`~mindspore_ngd.optim.fold`, the refresh in
-:mod:`~mindspore_ngd.optim.refresh`, the preconditioning and KL clipping in
-:mod:`~mindspore_ngd.optim.precondition`, the update in :mod:`~mindspore_ngd.optim.update`, adaptive
-damping and the divergence stop in :mod:`~mindspore_ngd.optim.guard`; this module builds the optimizer
-and runs the step. K-FAC, SP-NGD and THOR differ only in their :class:`~mindspore_ngd.Policy`. Each
-layer's state lives in its block (:mod:`mindspore_ngd.curvature.kronecker`, :mod:`~mindspore_ngd.curvature.unitwise`),
-the collectives in their one order in the exchange (:mod:`mindspore_ngd.parallel.exchange`).
+:mod:`~mindspore_ngd.optim.fold`, the refresh in :mod:`~mindspore_ngd.optim.refresh`, the
+preconditioning and KL clipping in :mod:`~mindspore_ngd.optim.precondition`, the update in
+:mod:`~mindspore_ngd.optim.update`, adaptive damping and the divergence stop in
+:mod:`~mindspore_ngd.optim.guard`; this module builds the optimizer and runs the step. K-FAC, SP-NGD
+and THOR differ only in their :class:`~mindspore_ngd.Policy`. Each layer's state lives in its block
+(:mod:`mindspore_ngd.curvature.kronecker`, :mod:`~mindspore_ngd.curvature.unitwise`), the collectives
+in their one order in the exchange (:mod:`mindspore_ngd.parallel.exchange`).
 
 MindSpore 2.10 constraints that shape this code (each measured): state Parameters are written only
 in the main graph, never inside a run-time branch (a Parameter assigned inside an ``if`` on a
