@@ -11,10 +11,18 @@ Not every indexing form is dear: a slice of the leading axis, ``x[:n]``, compile
 ``Slice`` (measured with ``python -m benchmarks.compile_patterns --family idioms``), and is kept as it
 is. What costs is an integer index, a slice of a second axis, and shape arithmetic on tuples
 (``x.shape[1:]``, ``(0,) * rank``) inside a helper, so the helpers take their sizes as arguments.
+
+One choice is written with an explicit broadcast because of memory, not compile time: ``ops.where``
+with a 0-d condition and matrix operands (the guards' "keep the old value unless this step's is
+good") costs about six matrix-sized buffers per call in MindSpore 2.10 on CPU, allocated when the
+graph is compiled and held for the process's life (measured: 97 MB for one 2048 x 2048 float32
+choice, against nothing with the condition broadcast first). Summed over the factors and inverses
+of ResNet-50 that was most of the memory a K-FAC step needed (docs/performance.md). :func:`choose`
+broadcasts the condition to the operands' shape; the values are the same.
 """
 from mindspore import ops
 
-__all__ = ["first", "corner", "top_left", "transposed", "columns", "outer"]
+__all__ = ["first", "corner", "top_left", "transposed", "columns", "outer", "choose"]
 
 _SLICE = ops.Slice()
 _RESHAPE = ops.Reshape()
@@ -50,3 +58,11 @@ def columns(matrix, start, count):
 def outer(u, v):
     """``u v'`` of two 1-D tensors (``ops.outer``)."""
     return _RESHAPE(u, (-1, 1)) * _RESHAPE(v, (1, -1))
+
+
+def choose(condition, on_true, on_false):
+    """``ops.where(condition, on_true, on_false)`` for two tensors of one shape and a condition of that
+    shape or a 0-d one, which is broadcast first (see the module docstring)."""
+    if tuple(condition.shape) != tuple(on_true.shape):
+        condition = ops.broadcast_to(condition, on_true.shape)
+    return ops.where(condition, on_true, on_false)

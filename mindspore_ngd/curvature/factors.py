@@ -45,9 +45,13 @@ __all__ = ["kept_rows", "kept_examples", "output_sum", "dense_input_factor", "de
            "unit_probe", "normalized_input", "unit_fisher", "unit_natural_gradient"]
 
 
+_MATMUL_TA = ops.MatMul(transpose_a=True)
+_MATMUL_TB = ops.MatMul(transpose_b=True)
+
+
 def _gram(rows_first):
-    """``X^T X`` for X of shape (rows, dim)."""
-    return ops.matmul(rows_first.transpose(1, 0), rows_first)
+    """``X^T X`` for X of shape (rows, dim), without a Transpose kernel (``mindspore_ngd._graph``)."""
+    return _MATMUL_TA(rows_first, rows_first)
 
 
 def kept_rows(rows, fraction):
@@ -190,7 +194,7 @@ def conv_input_factor(x, kernel_size, stride, dilation, pad_mode, padding, has_b
         total = _output_size(x.shape[2] + top + bottom, kernel_size[0], stride[0], dilation[0]) \
             * _output_size(x.shape[3] + left + right, kernel_size[1], stride[1], dilation[1])
         divisor = positions * batch / total
-    a = ops.matmul(cols, cols.transpose(1, 0)) / divisor
+    a = _MATMUL_TB(cols, cols) / divisor
     if has_bias:
         # the appended 1 contributes a column of patch sums and a corner of T (= sum_t 1 per example)
         col_sum = cols.sum(1, keepdims=True) / divisor
@@ -212,7 +216,7 @@ def conv_output_factor(dy, g_scale, fraction=1.0, position_stride=1):
     positions = dy.shape[2] * dy.shape[3]
     cols = dy.reshape(batch, channels, positions).transpose(1, 0, 2).reshape(channels, -1)
     # B^2 / (m T'); with m = B and every position exactly the full formula's B / T (times g_scale)
-    return ops.matmul(cols, cols.transpose(1, 0)) * (g_scale * full_batch * (full_batch / batch) / positions)
+    return _MATMUL_TB(cols, cols) * (g_scale * full_batch * (full_batch / batch) / positions)
 
 
 # ---------------------------------------------------------------- unit-wise BatchNorm statistics

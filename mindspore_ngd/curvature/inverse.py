@@ -30,7 +30,7 @@ import mindspore as ms
 from mindspore import ops
 import mindspore.scipy.linalg as msla
 
-from .._graph import outer, transposed
+from .._graph import choose, transposed
 from .blocks import to_blocks
 
 __all__ = ["INVERSE_METHODS", "INVERSE_METHOD_CHOICES", "DEVICE_INVERSE_METHODS", "DAMPING_SPLITS",
@@ -90,10 +90,12 @@ def _plausible(m, diag, full_diag):
     Cauchy-Schwarz bound, up to a tolerance relative to the largest entry of the factor's diagonal
     ``full_diag``."""
     finite = ops.all(ops.isfinite(m))
+    # the products d_i d_j as a matrix product with one inner term: the same values as the broadcast
+    # product, without the broadcast kernel's run-time buffers (mindspore_ngd._graph)
     if m.ndim == 2:
-        products = outer(diag, diag)
+        products = ops.matmul(diag.reshape(-1, 1), diag.reshape(1, -1))
     else:
-        products = ops.expand_dims(diag, 2) * ops.expand_dims(diag, 1)
+        products = ops.bmm(ops.expand_dims(diag, 2), ops.expand_dims(diag, 1))
     bound = ops.sqrt(ops.relu(products)) * (1.0 + _CS_RELATIVE_SLACK)
     tiny = 1e-7 * ops.reduce_max(ops.abs(full_diag)) + 1e-30
     plausible = ops.logical_and(ops.all(diag >= 0), ops.all(ops.abs(m) <= bound + tiny))
@@ -109,7 +111,7 @@ def sanitize(m):
     n = m.shape[0]
     diag = ops.diagonal(m)
     valid = _plausible(m, diag, diag)
-    safe = ops.where(valid, m, ops.eye(n, n, ms.float32))
+    safe = choose(valid, m, ops.eye(n, n, ms.float32))
     return safe, valid
 
 
@@ -128,7 +130,7 @@ def sanitized_blocks(m, layout):
         return safe, valid, _trace(safe)
     blocks = to_blocks(m, layout)
     valid = _plausible(blocks, ops.diagonal(blocks, 0, 1, 2), ops.diagonal(m))
-    safe = ops.where(valid, blocks, _identity_like(blocks))
+    safe = choose(valid, blocks, _identity_like(blocks))
     return safe, valid, ops.where(valid, _trace(m), float(layout.dim))
 
 

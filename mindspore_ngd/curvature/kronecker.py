@@ -20,7 +20,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
-from .._graph import columns as matrix_columns
+from .._graph import choose, columns as matrix_columns
 from ..capture import LayerCapture, never_captured
 from . import inverse as inv_ops
 from .blocks import BlockLayout, apply_left, apply_right
@@ -169,8 +169,8 @@ class KroneckerBlock(nn.Cell):
                                              inv_ops.jitter_of_trace(g_trace, self.jitter), inverses[1], trusted)
         ok = ops.logical_and(ops.logical_and(a_valid, g_valid), ops.logical_and(a_ok, g_ok))
         take = ops.logical_and(ok, ready)
-        new_a = ops.where(take, a_inv, inverses[0])
-        new_g = ops.where(take, g_inv, inverses[1])
+        new_a = choose(take, a_inv, inverses[0])
+        new_g = choose(take, g_inv, inverses[1])
         fault = ops.cast(ops.logical_and(ready, ops.logical_not(ok)), ms.int32)
         return new_a, new_g, take, fault
 

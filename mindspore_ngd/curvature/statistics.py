@@ -6,6 +6,8 @@ factor, a unit-wise BatchNorm Fisher, or (THOR's trace rule) a trace.
 import mindspore as ms
 from mindspore import ops
 
+from .._graph import choose
+
 __all__ = ["relative_change", "relative_changes", "damped_square_norm", "fold_statistic"]
 
 
@@ -29,7 +31,7 @@ def relative_changes(new, old):
     scale = ops.abs(old)
     has_old = scale > 0
     change = ops.abs(new - old) / ops.where(has_old, scale, ops.ones_like(scale))
-    return ops.where(has_old, change, ops.fill(ms.float32, old.shape, float("inf")))
+    return choose(has_old, change, ops.fill(ms.float32, old.shape, float("inf")))
 
 
 def damped_square_norm(matrix, shift):
@@ -50,8 +52,8 @@ def fold_statistic(average, updates, batch, captured, decay, track_changes, refe
     finite = ops.all(ops.isfinite(batch))
     take = ops.logical_and(captured, finite)
     blended = decay * average + (1.0 - decay) * batch
-    blended = ops.where(updates == 0, batch, blended)
-    new = ops.where(take, blended, average)
+    blended = choose(updates == 0, batch, blended)
+    new = choose(take, blended, average)
     rejected = ops.cast(ops.logical_and(captured, ops.logical_not(finite)), ms.int32)
     change = None
     if track_changes:

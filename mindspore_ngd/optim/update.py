@@ -12,6 +12,7 @@ from mindspore import ops
 from mindspore.ops import composite as C
 from mindspore.ops import functional as F
 
+from .._graph import choose
 from ..curvature.kronecker import matrix_part
 
 __all__ = ["Update", "flat_gradients", "flat_after", "parameter_rates", "dots_after"]
@@ -119,7 +120,7 @@ def _param_update_one(opt, momentum, finite, clip_norm, lr, decay_value, decay, 
         grad = grad * ops.cast(scale, grad.dtype)
     if centralize:
         grad = grad - grad.mean(axis=tuple(range(1, grad.ndim)), keep_dims=True)
-    grad = ops.where(finite, grad, ops.zeros_like(grad))
+    grad = choose(finite, grad, ops.zeros_like(grad))
     return opt(param, moment, ops.cast(lr, param.dtype), grad, ops.cast(momentum, param.dtype))
 
 
