@@ -64,7 +64,7 @@ from .fold import Fold
 from .guard import Guard, refuse_compile_cache
 from .precondition import Precondition
 from .refresh import Refresh
-from .report import Inspection, report_invisible
+from .report import Inspection, not_training_message, report_invisible
 from .update import Update, flat_gradients
 
 __all__ = ["NGDOptimizer"]
@@ -213,6 +213,9 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         self._build_guard(prefix, policy.adaptive_damping, divergence_patience, policy.max_damping_boost, 0.9)
         attach(cells, [b.capture for b in self.blocks])
         attach(norm_cells, [b.capture for b in self.norm_blocks])
+        # the capturing cells, held outside the cell tree (not child cells of the optimizer): their
+        # training flags are read when the step is compiled (graph mode) or called (PyNative)
+        object.__setattr__(self, "_captured_cells", tuple(zip((s.name for s in specs), cells)))
         handled = {n for s in specs for n in (s.weight_name, s.bias_name) if n} \
             | {n for s in norm_specs for n in (s.gamma_name, s.beta_name)}
         self.plain_layers, self.normalisation_layers = plain_layers(network, handled, skipped)
@@ -247,8 +250,18 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         for block in list(self.blocks) + list(self.norm_blocks):
             object.__setattr__(block.capture, "bypass", lean)
 
+    @property
+    def _layers_not_training(self):
+        """Names of the preconditioned layers that are not in training mode (a Python value: read when the
+        step is compiled in graph mode, at every call in PyNative). Their capture runs only in training
+        mode, as BatchNorm's batch statistics do."""
+        return tuple(name for name, cell in self._captured_cells if not cell.training)
+
     # ------------------------------------------------------------------ the step
     def construct(self, gradients):
+        if self._layers_not_training:
+            raise RuntimeError(not_training_message(type(self).__name__, self._layers_not_training,
+                                                    len(self._captured_cells)))
         if self.policy.fisher == "mc" and self.capture_control.driver is None:
             raise RuntimeError("fisher='mc' needs the Monte-Carlo training step: train with "
                                "Model(mindspore_ngd.MCFisherTrainStep(network, loss_fn, optimizer)) "
