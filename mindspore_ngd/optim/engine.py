@@ -59,7 +59,7 @@ from ..schedule import as_schedule, as_unit_schedule
 from .groups import parse_groups
 from .layers import discover, parameter_roles, plain_layers
 from .argdocs import shared_arguments
-from .policy import Policy, check_arguments, default_decay_filter
+from .policy import Policy, check_arguments, default_decay_filter, resolve_nesterov
 from .fold import Fold
 from .guard import Guard, refuse_compile_cache
 from .precondition import Precondition
@@ -83,18 +83,23 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         learning_rate: float, per-step list / ndarray / 1-D Tensor, or ``LearningRateSchedule``; >= 0
             as for ``nn.Momentum`` (:func:`mindspore_ngd.schedule.check_learning_rate`), so warm-up
             schedules starting at 0 work; a step at lr 0 changes no weight.
-        damping: Tikhonov damping, same forms as ``learning_rate``; > 0.
         momentum: momentum in [0, 1]: a float, or a per-step list / ndarray / 1-D Tensor or a
             ``LearningRateSchedule`` cell (e.g. SP-NGD's momentum rescaled with the learning rate).
         weight_decay (float): >= 0, applied after preconditioning to parameters chosen by
             ``decay_filter``.
-        factor_decay (float): moving-average decay of the factors in [0, 1); 0 uses each batch alone.
         loss_scale (float): a fixed loss scale (as ``FixedLossScaleManager``); gradients are divided
             by it and G by its square.
+        use_nesterov (bool): Nesterov momentum, as ``nn.Momentum``'s.
+
+        The arguments above take the positions of ``nn.Momentum``'s; every argument below is
+        keyword-only.
+
+        damping: Tikhonov damping, same forms as ``learning_rate``; > 0.
+        factor_decay (float): moving-average decay of the factors in [0, 1); 0 uses each batch alone.
         policy (Policy): refresh rule, damping split, inversion and rescaling choices. Its
             ``inverse_method="auto"`` is resolved for the current device target when the optimizer is
             constructed: ``opt.policy`` and ``opt.inverse_method`` hold the path actually built.
-        nesterov (bool): Nesterov momentum, as ``nn.Momentum(use_nesterov=...)``.
+        nesterov (bool): the former spelling of ``use_nesterov`` (None: not given).
         decay_filter (callable): ``Parameter -> bool``; default :func:`default_decay_filter`.
         skip_layers (iterable of str): cell names of Dense/Conv2d layers to leave un-preconditioned.
         verbose (bool): log one INFO line naming the preconditioned layers and the plain-update
@@ -119,13 +124,15 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         @params@
     """
 
-    def __init__(self, network, learning_rate, damping=1e-3, momentum=0.9, weight_decay=0.0,
-                 factor_decay=0.95, loss_scale=1.0, policy=Policy(), nesterov=False,
+    def __init__(self, network, learning_rate, momentum=0.9, weight_decay=0.0, loss_scale=1.0, use_nesterov=False,
+                 *, damping=1e-3, factor_decay=0.95, policy=Policy(),
                  decay_filter=None, skip_layers=(), verbose=True, distributed="auto", grad_worker_fraction=None,
-                 balance="compute", divergence_patience=10, params=None, strict=False):
+                 balance="compute", divergence_patience=10, params=None, strict=False, nesterov=None):
         learning_rate, momentum, weight_decay, factor_decay, loss_scale, policy = check_arguments(
             network, learning_rate, damping, momentum, weight_decay, factor_decay, loss_scale, policy, decay_filter,
-            balance)
+            balance, type(self).__name__)
+        # nesterov: the former spelling, still passed by subclasses (THOR maps nn.thor's use_nesterov onto it)
+        nesterov = resolve_nesterov(use_nesterov, nesterov, warn=False)
         divergence_patience = _validate.positive_int("divergence_patience", divergence_patience)
         refuse_compile_cache(type(self).__name__)
         if not isinstance(strict, bool):
