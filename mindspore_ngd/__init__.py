@@ -5,11 +5,12 @@ import sys as _sys
 from .optim import KFAC, SPNGD, THOR, NGDOptimizer, Policy, default_decay_filter
 from .optim.guard import is_divergence
 from .inspect import kronecker_factors
-from .train import MCFisherTrainStep, NGDTrainOneStepCell, RefreshMonitor
+from .train import ConvertModelUtils, MCFisherTrainStep, NGDTrainOneStepCell, RefreshMonitor, thor
 
 __version__ = "0.2.0"
 __all__ = ["KFAC", "SPNGD", "THOR", "NGDOptimizer", "Policy", "default_decay_filter", "is_divergence", "kronecker_factors",
-           "MCFisherTrainStep", "NGDTrainOneStepCell", "RefreshMonitor", "__version__"]
+           "MCFisherTrainStep", "NGDTrainOneStepCell", "RefreshMonitor", "thor", "ConvertModelUtils",
+           "__version__"]
 
 
 class _FallbackHandler(_logging.Handler):

@@ -67,3 +67,28 @@ def one_of(name, value, allowed):
 
 def optional_positive_float(name, value):
     return None if value is None else positive_float(name, value)
+
+
+def loss_reduction(loss_fn):
+    """``"mean"``, ``"sum"`` or ``"none"`` for a MindSpore loss cell (``nn.LossBase``: its ``reduce`` and
+    ``average`` flags, set from ``reduction``); None when it cannot be told (another kind of cell)."""
+    reduce, average = getattr(loss_fn, "reduce", None), getattr(loss_fn, "average", None)
+    if not isinstance(reduce, bool) or not isinstance(average, bool):
+        return None
+    if not reduce:
+        return "none"
+    return "mean" if average else "sum"
+
+
+def check_mean_loss(loss_fn, where):
+    """ValueError unless ``loss_fn`` reduces to the batch mean (a loss whose reduction cannot be told
+    passes). The curvature statistics are defined for a mean loss: a sum (or the per-example vector of
+    ``reduction="none"``, which the training cell back-propagates as a sum) makes G ``B**2`` too large."""
+    reduction = loss_reduction(loss_fn)
+    if reduction in (None, "mean"):
+        return
+    raise ValueError(
+        f"{where}: the loss {type(loss_fn).__name__} reduces with {reduction!r}, but the natural-gradient "
+        "optimizers need the batch mean (their curvature statistics would be mis-scaled by the batch size). "
+        f"Build it with reduction=\"mean\", e.g. nn.{type(loss_fn).__name__}(..., reduction=\"mean\")"
+        + (" (SoftmaxCrossEntropyWithLogits defaults to 'none')." if reduction == "none" else "."))

@@ -33,7 +33,7 @@ def _kfac_lu(net):
 
 def _kfac_eigh(net):
     return ngd.KFAC(net, learning_rate=0.05, damping=1e-2, inverse_update_interval=4, factor_update_interval=2,
-                    inverse_method="eigh", nesterov=True, verbose=False, adaptive_damping=False)
+                    inverse_method="eigh", use_nesterov=True, verbose=False, adaptive_damping=False)
 
 
 def _spngd(net):
@@ -77,7 +77,7 @@ def batches():
 def _kfac_3_4(net):
     # factors every 3rd step, inverses every 4th: an inverse is due on steps that capture nothing (4, 8, 16)
     return ngd.KFAC(net, learning_rate=0.05, damping=1e-2, inverse_update_interval=4, factor_update_interval=3,
-                    nesterov=True, verbose=False, adaptive_damping=False)
+                    use_nesterov=True, verbose=False, adaptive_damping=False)
 
 
 def _kfac_4_adaptive(net):

@@ -59,12 +59,12 @@ from ..schedule import as_schedule, as_unit_schedule
 from .groups import parse_groups
 from .layers import discover, parameter_roles, plain_layers
 from .argdocs import shared_arguments
-from .policy import Policy, check_arguments, default_decay_filter
+from .policy import Policy, check_arguments, default_decay_filter, resolve_nesterov
 from .fold import Fold
 from .guard import Guard, refuse_compile_cache
 from .precondition import Precondition
 from .refresh import Refresh
-from .report import Inspection, report_invisible
+from .report import Inspection, not_training_message, report_invisible
 from .update import Update, flat_gradients
 
 __all__ = ["NGDOptimizer"]
@@ -83,18 +83,23 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         learning_rate: float, per-step list / ndarray / 1-D Tensor, or ``LearningRateSchedule``; >= 0
             as for ``nn.Momentum`` (:func:`mindspore_ngd.schedule.check_learning_rate`), so warm-up
             schedules starting at 0 work; a step at lr 0 changes no weight.
-        damping: Tikhonov damping, same forms as ``learning_rate``; > 0.
         momentum: momentum in [0, 1]: a float, or a per-step list / ndarray / 1-D Tensor or a
             ``LearningRateSchedule`` cell (e.g. SP-NGD's momentum rescaled with the learning rate).
         weight_decay (float): >= 0, applied after preconditioning to parameters chosen by
             ``decay_filter``.
-        factor_decay (float): moving-average decay of the factors in [0, 1); 0 uses each batch alone.
         loss_scale (float): a fixed loss scale (as ``FixedLossScaleManager``); gradients are divided
             by it and G by its square.
+        use_nesterov (bool): Nesterov momentum, as ``nn.Momentum``'s.
+
+        The arguments above take the positions of ``nn.Momentum``'s; every argument below is
+        keyword-only.
+
+        damping: Tikhonov damping, same forms as ``learning_rate``; > 0.
+        factor_decay (float): moving-average decay of the factors in [0, 1); 0 uses each batch alone.
         policy (Policy): refresh rule, damping split, inversion and rescaling choices. Its
             ``inverse_method="auto"`` is resolved for the current device target when the optimizer is
             constructed: ``opt.policy`` and ``opt.inverse_method`` hold the path actually built.
-        nesterov (bool): Nesterov momentum, as ``nn.Momentum(use_nesterov=...)``.
+        nesterov (bool): the former spelling of ``use_nesterov`` (None: not given).
         decay_filter (callable): ``Parameter -> bool``; default :func:`default_decay_filter`.
         skip_layers (iterable of str): cell names of Dense/Conv2d layers to leave un-preconditioned.
         verbose (bool): log one INFO line naming the preconditioned layers and the plain-update
@@ -119,13 +124,15 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         @params@
     """
 
-    def __init__(self, network, learning_rate, damping=1e-3, momentum=0.9, weight_decay=0.0,
-                 factor_decay=0.95, loss_scale=1.0, policy=Policy(), nesterov=False,
+    def __init__(self, network, learning_rate, momentum=0.9, weight_decay=0.0, loss_scale=1.0, use_nesterov=False,
+                 *, damping=1e-3, factor_decay=0.95, policy=Policy(),
                  decay_filter=None, skip_layers=(), verbose=True, distributed="auto", grad_worker_fraction=None,
-                 balance="compute", divergence_patience=10, params=None, strict=False):
+                 balance="compute", divergence_patience=10, params=None, strict=False, nesterov=None):
         learning_rate, momentum, weight_decay, factor_decay, loss_scale, policy = check_arguments(
             network, learning_rate, damping, momentum, weight_decay, factor_decay, loss_scale, policy, decay_filter,
-            balance)
+            balance, type(self).__name__)
+        # nesterov: the former spelling, still passed by subclasses (THOR maps nn.thor's use_nesterov onto it)
+        nesterov = resolve_nesterov(use_nesterov, nesterov, warn=False)
         divergence_patience = _validate.positive_int("divergence_patience", divergence_patience)
         refuse_compile_cache(type(self).__name__)
         if not isinstance(strict, bool):
@@ -213,6 +220,9 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         self._build_guard(prefix, policy.adaptive_damping, divergence_patience, policy.max_damping_boost, 0.9)
         attach(cells, [b.capture for b in self.blocks])
         attach(norm_cells, [b.capture for b in self.norm_blocks])
+        # the capturing cells, held outside the cell tree (not child cells of the optimizer): their
+        # training flags are read when the step is compiled (graph mode) or called (PyNative)
+        object.__setattr__(self, "_captured_cells", tuple(zip((s.name for s in specs), cells)))
         handled = {n for s in specs for n in (s.weight_name, s.bias_name) if n} \
             | {n for s in norm_specs for n in (s.gamma_name, s.beta_name)}
         self.plain_layers, self.normalisation_layers = plain_layers(network, handled, skipped)
@@ -247,8 +257,18 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         for block in list(self.blocks) + list(self.norm_blocks):
             object.__setattr__(block.capture, "bypass", lean)
 
+    @property
+    def _layers_not_training(self):
+        """Names of the preconditioned layers that are not in training mode (a Python value: read when the
+        step is compiled in graph mode, at every call in PyNative). Their capture runs only in training
+        mode, as BatchNorm's batch statistics do."""
+        return tuple(name for name, cell in self._captured_cells if not cell.training)
+
     # ------------------------------------------------------------------ the step
     def construct(self, gradients):
+        if self._layers_not_training:
+            raise RuntimeError(not_training_message(type(self).__name__, self._layers_not_training,
+                                                    len(self._captured_cells)))
         if self.policy.fisher == "mc" and self.capture_control.driver is None:
             raise RuntimeError("fisher='mc' needs the Monte-Carlo training step: train with "
                                "Model(mindspore_ngd.MCFisherTrainStep(network, loss_fn, optimizer)) "

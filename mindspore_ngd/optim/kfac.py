@@ -2,7 +2,7 @@
 from ..schedule.rules import FixedInterval
 from .engine import NGDOptimizer
 from .argdocs import shared_arguments
-from .policy import Policy
+from .policy import Policy, resolve_nesterov
 
 __all__ = ["KFAC"]
 
@@ -32,22 +32,27 @@ class KFAC(NGDOptimizer):
             parameter names and the network's checkpoint are unchanged.
         learning_rate (Union[float, list, numpy.ndarray, Tensor, LearningRateSchedule]): >= 0, the
             forms ``nn.Momentum`` accepts (warm-up schedules such as ``nn.warmup_lr`` start at 0).
-        damping (Union[float, list, numpy.ndarray, Tensor, LearningRateSchedule]): Tikhonov damping
-            lambda, > 0. Default 1e-3.
         momentum (float): in [0, 1]. Default 0.9.
         weight_decay (float): >= 0, applied after preconditioning. Default 0.
+        loss_scale (float): fixed loss scale of the training cell. Default 1.
+        use_nesterov (bool): Nesterov momentum. Default False.
+
+        The arguments above take the positions of ``nn.Momentum``'s (``params, learning_rate, momentum,
+        weight_decay, loss_scale, use_nesterov``); every argument below is keyword-only.
+
+        damping (Union[float, list, numpy.ndarray, Tensor, LearningRateSchedule]): Tikhonov damping
+            lambda, > 0. Default 1e-3.
         factor_decay (float): moving-average decay of A and G in [0, 1). Default 0.95.
         factor_update_interval (int): capture factors every this many steps (>= 1). Default 1.
         inverse_update_interval (int): recompute inverses every this many steps (>= 1). Default 20.
         damping_split (str): "pi" or "sqrt". Default "pi".
         kl_clip (Optional[float]): KL-clipping bound > 0, or None. Default 1e-3.
-        loss_scale (float): fixed loss scale of the training cell. Default 1.
         inverse_method (str): "auto" (default: the path of the device target when the optimizer is
             constructed -- CPU "cholesky", GPU "lu", Ascend "newton"; ``opt.inverse_method`` holds the
             choice), "cholesky" (fastest measured on CPU), "lu", "eigh" (robust) or "newton" (matrix
             products only, warm-started; see docs/algorithms.md).
         jitter (float): extra damping ``jitter * trace`` for float32 safety (>= 0). Default 1e-6.
-        nesterov (bool): Nesterov momentum. Default False.
+        nesterov (bool): the former spelling of ``use_nesterov``, still accepted (DeprecationWarning).
         decay_filter (callable): ``Parameter -> bool`` choosing weight-decayed parameters; default
             excludes parameters with fewer than two dimensions (biases, BatchNorm gamma/beta).
         skip_layers (iterable of str): cell names to leave un-preconditioned.
@@ -76,20 +81,20 @@ class KFAC(NGDOptimizer):
         >>> model.train(10, train_ds, dataset_sink_mode=False)
     """
 
-    def __init__(self, network, learning_rate, damping=1e-3, momentum=0.9, weight_decay=0.0,
-                 factor_decay=0.95, factor_update_interval=1, inverse_update_interval=20,
-                 damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="auto",
-                 jitter=1e-6, nesterov=False, decay_filter=None, skip_layers=(), fisher="empirical", verbose=True,
+    def __init__(self, network, learning_rate, momentum=0.9, weight_decay=0.0, loss_scale=1.0, use_nesterov=False,
+                 *, damping=1e-3, factor_decay=0.95, factor_update_interval=1, inverse_update_interval=20,
+                 damping_split="pi", kl_clip=1e-3, inverse_method="auto",
+                 jitter=1e-6, decay_filter=None, skip_layers=(), fisher="empirical", verbose=True,
                  distributed="auto", grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, params=None, strict=False,
-                 stat_fraction=1.0, stat_stride=1):
+                 stat_fraction=1.0, stat_stride=1, nesterov=None):
         policy = Policy(name="kfac", refresh=FixedInterval(factor_update_interval, inverse_update_interval),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip, jitter=jitter,
                         fisher=fisher, adaptive_damping=adaptive_damping, stat_fraction=stat_fraction,
                         stat_stride=stat_stride)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
-                         policy=policy, nesterov=nesterov, decay_filter=decay_filter,
+                         policy=policy, use_nesterov=resolve_nesterov(use_nesterov, nesterov), decay_filter=decay_filter,
                          skip_layers=skip_layers, verbose=verbose, distributed=distributed,
                          grad_worker_fraction=grad_worker_fraction, balance=balance,
                          divergence_patience=divergence_patience, params=params, strict=strict)

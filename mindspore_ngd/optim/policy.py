@@ -1,5 +1,7 @@
 """What distinguishes one natural-gradient optimizer from another: a frozen :class:`Policy`."""
 import dataclasses
+import types
+import warnings
 from typing import Optional, Union
 
 from mindspore import nn
@@ -113,12 +115,11 @@ def default_decay_filter(param):
 
 
 def check_arguments(network, learning_rate, damping, momentum, weight_decay, factor_decay, loss_scale, policy,
-                    decay_filter, balance):
+                    decay_filter, balance, owner="NGDOptimizer"):
     """The engine's arguments checked before anything is built (TypeError/ValueError naming the
     argument and its allowed range); returns the normalised ``(learning_rate, momentum,
     weight_decay, factor_decay, loss_scale, policy)``."""
-    if not isinstance(network, nn.Cell):
-        raise TypeError(f"network must be a mindspore.nn.Cell, got {type(network).__name__}")
+    check_network(network, owner)
     learning_rate = check_learning_rate("learning_rate", learning_rate)
     check_positive_schedule("damping", damping)
     if isinstance(momentum, (int, float)) and not isinstance(momentum, bool):
@@ -133,3 +134,35 @@ def check_arguments(network, learning_rate, damping, momentum, weight_decay, fac
         raise TypeError("decay_filter must be a callable Parameter -> bool")
     _validate.one_of("balance", balance, BALANCES)
     return learning_rate, momentum, weight_decay, factor_decay, loss_scale, policy
+
+
+def check_network(network, owner):
+    """TypeError unless ``network`` is an ``nn.Cell``; for a parameter list (the argument of every other
+    MindSpore optimizer) the message shows the one-line fix."""
+    if isinstance(network, nn.Cell):
+        return
+    if isinstance(network, (list, tuple, types.GeneratorType)) or type(network).__name__ == "ParameterTuple":
+        raise TypeError(
+            f"{owner} takes the network itself, not its parameters: write {owner}(net, ...) instead of "
+            f"{owner}(net.trainable_params(), ...). Its Dense/Conv2d layers capture the curvature statistics, so "
+            "the optimizer needs the cells; parameter groups (as nn.Momentum's params) go in the keyword "
+            f"argument params=[...]. Got a {type(network).__name__}.")
+    raise TypeError(f"network must be a mindspore.nn.Cell (the network to train, as in {owner}(net, ...)), "
+                    f"got {type(network).__name__}")
+
+
+def resolve_nesterov(use_nesterov, nesterov=None, warn=True):
+    """The Nesterov switch from ``use_nesterov`` (``nn.Momentum``'s spelling) or its former spelling
+    ``nesterov`` (a DeprecationWarning with ``warn``); a ValueError when both are given and differ."""
+    if not isinstance(use_nesterov, bool):
+        raise TypeError(f"use_nesterov must be a bool, got {type(use_nesterov).__name__}")
+    if nesterov is None:
+        return use_nesterov
+    if not isinstance(nesterov, bool):
+        raise TypeError(f"nesterov must be a bool, got {type(nesterov).__name__}")
+    if use_nesterov and not nesterov:
+        raise ValueError("use_nesterov=True and nesterov=False contradict each other: pass use_nesterov only")
+    if warn:
+        warnings.warn("nesterov= is the former spelling of use_nesterov= (nn.Momentum's); pass use_nesterov",
+                      DeprecationWarning, stacklevel=3)
+    return nesterov

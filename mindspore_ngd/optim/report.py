@@ -3,7 +3,7 @@ import logging
 
 import numpy as np
 
-__all__ = ["Inspection", "report_invisible"]
+__all__ = ["Inspection", "not_training_message", "report_invisible"]
 
 logger = logging.getLogger("mindspore_ngd")
 
@@ -127,3 +127,17 @@ def report_invisible(owner, names, strict, flags):
                            "use strict=False to demote them automatically")
     logger.warning("%s; demoted to the plain momentum update (lr * grad, as the other un-preconditioned "
                    "parameters; strict=True raises instead)", what)
+
+
+def not_training_message(owner, names, total):
+    """The error of a step called while preconditioned layers are not in training mode (``nn.Cell``
+    starts with ``training=False``; ``Model.train`` sets it, a hand-written loop must)."""
+    if len(names) == total:
+        which = f"the network is not in training mode (none of its {total} preconditioned layers is)"
+    else:
+        which = (f"{len(names)} of its {total} preconditioned layers are not in training mode: "
+                 f"{', '.join(names)}")
+    return (f"{owner}: {which}. The layers capture their curvature statistics only in training mode, so this "
+            "step would fall back to plain momentum. Call net.set_train() before the training loop (Model.train "
+            "does it for you; nn.Cell starts with training=False), and net.set_train(False) only for evaluation. "
+            "To leave a layer in inference mode, name it in skip_layers so that it gets the plain update.")

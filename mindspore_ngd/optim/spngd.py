@@ -18,7 +18,7 @@ from .. import _validate
 from ..schedule.rules import StaleIntervals
 from .engine import NGDOptimizer
 from .argdocs import shared_arguments
-from .policy import Policy
+from .policy import Policy, resolve_nesterov
 
 __all__ = ["SPNGD"]
 
@@ -36,11 +36,17 @@ class SPNGD(NGDOptimizer):
         learning_rate: float, per-step list / ndarray / 1-D Tensor, or ``LearningRateSchedule``; >= 0
             (as ``nn.Momentum``).
             :func:`mindspore_ngd.schedule.polynomial_lr` gives SP-NGD's polynomial decay.
-        damping: Tikhonov damping of the Kronecker factors, same forms; > 0. The value used is
-            ``max(damping, weight_decay)``. Default 1e-3.
         momentum: float in [0, 1] or a per-step sequence / schedule cell
             (:func:`mindspore_ngd.schedule.rescaled_momentum`). Default 0.9.
         weight_decay (float): >= 0, added after preconditioning; also the damping floor. Default 0.
+        loss_scale (float): fixed loss scale of the training cell. Default 1.
+        use_nesterov (bool): Nesterov momentum. Default False.
+
+        The arguments above take the positions of ``nn.Momentum``'s (``params, learning_rate, momentum,
+        weight_decay, loss_scale, use_nesterov``); every argument below is keyword-only.
+
+        damping: Tikhonov damping of the Kronecker factors, same forms as ``learning_rate``; > 0. The
+            value used is ``max(damping, weight_decay)``. Default 1e-3.
         factor_decay (float): moving-average decay in [0, 1) applied at each refresh. Default 0.9:
             with small per-device batches a single batch's G is so noisy that its relative change
             never falls below the threshold (measured on digits: refresh ratio 0.84 with 0, 0.02-0.05
@@ -65,11 +71,10 @@ class SPNGD(NGDOptimizer):
         damping_split (str): "pi" (default) or "sqrt".
         kl_clip (Optional[float]): KL-clipping bound > 0, or None. Default 1e-3 (the paper uses none;
             without it SP-NGD and K-FAC diverge on the digits CNN at lr 0.05, damping 1e-2).
-        loss_scale (float): fixed loss scale of the training cell. Default 1.
         inverse_method (str): "auto" (default: the device target's path, as :class:`KFAC`),
             "cholesky", "lu", "eigh" or "newton".
         jitter (float): extra damping ``jitter * trace`` for float32 safety. Default 1e-6.
-        nesterov (bool): Nesterov momentum. Default False.
+        nesterov (bool): the former spelling of ``use_nesterov``, still accepted (DeprecationWarning).
         decay_filter (callable): ``Parameter -> bool``; default decays parameters with 2+ dimensions.
         skip_layers (iterable of str): Dense/Conv2d cell names to leave un-preconditioned.
         verbose (bool): log the preconditioned layers. Default True.
@@ -88,13 +93,14 @@ class SPNGD(NGDOptimizer):
         >>> model.train(10, train_ds, callbacks=[ngd.RefreshMonitor(opt)], dataset_sink_mode=False)
     """
 
-    def __init__(self, network, learning_rate, damping=1e-3, momentum=0.9, weight_decay=0.0, factor_decay=0.9,
+    def __init__(self, network, learning_rate, momentum=0.9, weight_decay=0.0, loss_scale=1.0, use_nesterov=False,
+                 *, damping=1e-3, factor_decay=0.9,
                  stale=True, refresh_threshold=0.1, max_interval=64, batchnorm_damping=1e-3, fisher="empirical",
-                 damping_split="pi", kl_clip=1e-3, loss_scale=1.0, inverse_method="auto", jitter=1e-6,
-                 nesterov=False, decay_filter=None, skip_layers=(), verbose=True, distributed="auto",
+                 damping_split="pi", kl_clip=1e-3, inverse_method="auto", jitter=1e-6,
+                 decay_filter=None, skip_layers=(), verbose=True, distributed="auto",
                  grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, params=None, strict=False,
-                 stat_fraction=1.0, stat_stride=1, refresh_measure="damped"):
+                 stat_fraction=1.0, stat_stride=1, refresh_measure="damped", nesterov=None):
         floor = _validate.non_negative_float("weight_decay", weight_decay)
         policy = Policy(name="spngd", refresh=StaleIntervals(refresh_threshold, max_interval, stale, refresh_measure),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip,
@@ -102,7 +108,7 @@ class SPNGD(NGDOptimizer):
                         adaptive_damping=adaptive_damping, stat_fraction=stat_fraction, stat_stride=stat_stride)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
-                         policy=policy, nesterov=nesterov, decay_filter=decay_filter,
+                         policy=policy, use_nesterov=resolve_nesterov(use_nesterov, nesterov), decay_filter=decay_filter,
                          skip_layers=skip_layers, verbose=verbose, distributed=distributed,
                          grad_worker_fraction=grad_worker_fraction, balance=balance,
                          divergence_patience=divergence_patience, params=params, strict=strict)

@@ -1,7 +1,8 @@
 """Training helpers for ``Model.train``: the training step with a lean graph, the Monte-Carlo Fisher
-training step and callbacks."""
+training step, callbacks, and the models repository's THOR flow (``thor``, ``ConvertModelUtils``)."""
 from .lean_step import NGDTrainOneStepCell
 from .mc_fisher import MCFisherTrainStep, sampled_label_loss
 from .callbacks import RefreshMonitor
+from .thor_flow import ConvertModelUtils, thor
 
-__all__ = ["NGDTrainOneStepCell", "MCFisherTrainStep", "sampled_label_loss", "RefreshMonitor"]
+__all__ = ["NGDTrainOneStepCell", "MCFisherTrainStep", "sampled_label_loss", "RefreshMonitor", "thor", "ConvertModelUtils"]

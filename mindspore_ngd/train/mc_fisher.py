@@ -22,6 +22,7 @@ import mindspore as ms
 from mindspore import nn, ops, Tensor
 
 from ..optim.engine import NGDOptimizer
+from .. import _validate
 
 __all__ = ["MCFisherTrainStep", "sampled_label_loss", "DISTRIBUTIONS"]
 
@@ -152,6 +153,7 @@ class MCFisherTrainStep(nn.Cell):
             raise ValueError(f"seed must be an int >= 0, got {seed!r}")
         if not isinstance(loss_fn, nn.Cell):
             raise TypeError(f"loss_fn must be a mindspore.nn.Cell, got {type(loss_fn).__name__}")
+        _validate.check_mean_loss(loss_fn, type(self).__name__)
         self.network = network
         control = optimizer.capture_control
         control.claim(type(self).__name__)

@@ -157,7 +157,7 @@ def test_groups_of_equal_lr_clip_like_the_ungrouped_optimizer_with_unit_wise_bat
             norm = [p for p in params if p.name.startswith("bn.")]
             params = [{"params": [p for p in params if not p.name.startswith("bn.")], "lr": 0.05},
                       {"params": norm, "lr": 0.05}]
-        opt = ngd.SPNGD(net, 0.05, 1e-2, kl_clip=1e-4, verbose=False, params=params)
+        opt = ngd.SPNGD(net, 0.05, damping=1e-2, kl_clip=1e-4, verbose=False, params=params)
         assert opt.is_group_lr == grouped and len(opt.norm_specs) == 1
         step = train_step(net, opt)
         for i in range(4):

@@ -177,9 +177,9 @@ def test_refresh_state_is_checkpointed_and_restored(tmp_path):
 def test_spngd_without_stale_statistics_equals_kfac_with_intervals_one():
     common = dict(momentum=0.9, weight_decay=1e-3, damping_split="pi", factor_decay=0.0, kl_clip=None,
                   verbose=False)
-    spngd, opt = weights_after(lambda net: ngd.SPNGD(net, 0.05, 1e-2, stale=False, batchnorm_damping=None,
+    spngd, opt = weights_after(lambda net: ngd.SPNGD(net, 0.05, damping=1e-2, stale=False, batchnorm_damping=None,
                                                      **common))
-    kfac, _ = weights_after(lambda net: ngd.KFAC(net, 0.05, 1e-2, factor_update_interval=1,
+    kfac, _ = weights_after(lambda net: ngd.KFAC(net, 0.05, damping=1e-2, factor_update_interval=1,
                                                  inverse_update_interval=1, **common))
     for name in kfac:
         np.testing.assert_array_equal(spngd[name], kfac[name], err_msg=name)
@@ -188,9 +188,9 @@ def test_spngd_without_stale_statistics_equals_kfac_with_intervals_one():
 
 def test_damping_is_floored_at_the_weight_decay():
     common = dict(momentum=0.9, weight_decay=5e-2, factor_decay=0.0, kl_clip=None, verbose=False)
-    floored, _ = weights_after(lambda net: ngd.SPNGD(net, 0.05, 1e-4, stale=False, batchnorm_damping=None,
+    floored, _ = weights_after(lambda net: ngd.SPNGD(net, 0.05, damping=1e-4, stale=False, batchnorm_damping=None,
                                                      **common), steps=3)
-    kfac, _ = weights_after(lambda net: ngd.KFAC(net, 0.05, 5e-2, factor_update_interval=1,
+    kfac, _ = weights_after(lambda net: ngd.KFAC(net, 0.05, damping=5e-2, factor_update_interval=1,
                                                  inverse_update_interval=1, **common), steps=3)
     for name in kfac:
         np.testing.assert_array_equal(floored[name], kfac[name], err_msg=name)

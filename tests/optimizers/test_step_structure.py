@@ -15,10 +15,10 @@ from nets import BNNet
 from training import batch, train_step
 
 OPTIMIZERS = {
-    "kfac": lambda net: ngd.KFAC(net, 0.05, 1e-2, verbose=False),
-    "kfac-fixed-damping": lambda net: ngd.KFAC(net, 0.05, 1e-2, adaptive_damping=False, kl_clip=None,
+    "kfac": lambda net: ngd.KFAC(net, 0.05, damping=1e-2, verbose=False),
+    "kfac-fixed-damping": lambda net: ngd.KFAC(net, 0.05, damping=1e-2, adaptive_damping=False, kl_clip=None,
                                                verbose=False),
-    "spngd": lambda net: ngd.SPNGD(net, 0.05, 1e-2, verbose=False),
+    "spngd": lambda net: ngd.SPNGD(net, 0.05, damping=1e-2, verbose=False),
     "thor": lambda net: ngd.THOR(net, 0.05, 1e-2, verbose=False),
 }
 
@@ -44,7 +44,7 @@ def test_the_step_copies_no_parameter(name):
 
 def test_each_family_of_layer_counts_is_written_once():
     net = BNNet()
-    opt = ngd.SPNGD(net, 0.05, 1e-2, verbose=False)
+    opt = ngd.SPNGD(net, 0.05, damping=1e-2, verbose=False)
     prims = audit.compiled_primitives(train_step(net, opt), *batch(0))
     writes = [where for where in _sources(prims, "Assign") if where.split(":")[0].endswith("curvature/counters.py")]
     # A and G counts, demoted, has-inverse, BatchNorm counts: one write each, whatever the layer count

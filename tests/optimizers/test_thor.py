@@ -29,7 +29,7 @@ def test_thor_without_splitting_or_trace_rule_equals_kfac_with_the_same_policy()
     thor, _ = weights_after(lambda net: ngd.THOR(net, 0.05, 1e-2, frequency=3, split_dim=None,
                                                  trace_threshold=None, decay_filter=ngd.default_decay_filter,
                                                  **common))
-    kfac, _ = weights_after(lambda net: ngd.KFAC(net, 0.05, 1e-2, factor_update_interval=3,
+    kfac, _ = weights_after(lambda net: ngd.KFAC(net, 0.05, damping=1e-2, factor_update_interval=3,
                                                  inverse_update_interval=3, **common))
     for name in kfac:
         np.testing.assert_array_equal(thor[name], kfac[name], err_msg=name)

@@ -45,7 +45,7 @@ def test_bad_arguments_raise_before_compilation(kwargs, error, match):
 
 def test_bad_networks():
     with pytest.raises(TypeError, match="network must be a mindspore.nn.Cell"):
-        ngd.KFAC([1, 2], learning_rate=0.1)
+        ngd.KFAC("net", learning_rate=0.1)
 
     class NoLayers(nn.Cell):
         def __init__(self):
@@ -131,3 +131,45 @@ def test_auto_inverse_method_resolves_per_device_and_names_stay_explicit():
         assert all(block.inverse_method == "cholesky" for block in opt.blocks)
     opt = ngd.KFAC(DenseNet(), learning_rate=0.1, inverse_method="newton", verbose=False)
     assert opt.inverse_method == "newton" and opt.blocks[0].inverse_method == "newton"
+
+
+# ------------------------------------------------------------------ nn.Momentum's call forms
+@pytest.mark.parametrize("cls", [ngd.KFAC, ngd.SPNGD, ngd.NGDOptimizer])
+def test_positional_arguments_mean_what_they_mean_in_nn_momentum(cls):
+    # nn.Momentum(params, learning_rate, momentum, weight_decay, loss_scale, use_nesterov)
+    opt = cls(DenseNet(), 0.1, 0.5, 1e-4, 2.0, True, verbose=False)
+    assert float(opt.momentum.asnumpy()) == 0.5
+    assert opt.decayed_parameters() == ["fc1.weight", "fc2.weight"]
+    assert {float(v.asnumpy()) for v in opt.weight_decay_values} == {0.0, float(np.float32(1e-4))}
+    assert float(opt.loss_scale) == 2.0
+    assert opt.apply_momentum.use_nesterov is True
+    # the natural-gradient arguments are keyword-only: a seventh positional argument is refused
+    with pytest.raises(TypeError, match="positional argument"):
+        cls(DenseNet(), 0.1, 0.9, 0.0, 1.0, False, 1e-2, verbose=False)
+
+
+@pytest.mark.parametrize("cls", [ngd.KFAC, ngd.SPNGD, ngd.THOR])
+def test_use_nesterov_is_accepted_by_every_optimizer(cls):
+    extra = {"damping": 1e-2} if cls is ngd.THOR else {}
+    assert cls(DenseNet(), 0.1, use_nesterov=True, verbose=False, **extra).apply_momentum.use_nesterov is True
+    assert cls(DenseNet(), 0.1, verbose=False, **extra).apply_momentum.use_nesterov is False
+
+
+@pytest.mark.parametrize("cls", [ngd.KFAC, ngd.SPNGD])
+def test_the_former_nesterov_spelling_still_works_with_a_deprecation_warning(cls):
+    with pytest.warns(DeprecationWarning, match="use_nesterov"):
+        assert cls(DenseNet(), 0.1, nesterov=True, verbose=False).apply_momentum.use_nesterov is True
+    with pytest.raises(ValueError, match="contradict"):
+        cls(DenseNet(), 0.1, use_nesterov=True, nesterov=False, verbose=False)
+    with pytest.raises(TypeError, match="use_nesterov must be a bool"):
+        cls(DenseNet(), 0.1, use_nesterov="yes", verbose=False)
+
+
+@pytest.mark.parametrize("cls", [ngd.KFAC, ngd.SPNGD, ngd.THOR])
+@pytest.mark.parametrize("params", [lambda net: net.trainable_params(), lambda net: net.get_parameters(),
+                                    lambda net: tuple(net.trainable_params())], ids=["list", "generator", "tuple"])
+def test_a_parameter_list_in_place_of_the_network_shows_the_fix(cls, params):
+    name = cls.__name__
+    with pytest.raises(TypeError, match=rf"{name} takes the network itself, not its parameters: write "
+                                        rf"{name}\(net, \.\.\.\) instead of {name}\(net\.trainable_params\(\), \.\.\.\)"):
+        cls(params(DenseNet()), 0.1, damping=1e-2)

@@ -1,0 +1,107 @@
+"""The THOR flow of MindSpore's models repository (``official/cv/ResNet/train.py``) with ``thor`` and
+``ConvertModelUtils`` imported from mindspore_ngd: a Momentum ``Model`` built first, then the THOR
+optimizer and ``convert_to_thor_model`` with a ``FixedLossScaleManager``. The converted model trains
+with THOR (not the Momentum it was built with), and the refusals name what to pass instead. The
+network is the small BNNet, not a ResNet-50."""
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import nn, Tensor
+from mindspore.amp import FixedLossScaleManager
+from mindspore.train import Model
+
+import mindspore_ngd as ngd
+from benchmarks.data import array_dataset
+from nets import BNNet
+from training import CE, batch
+
+STEPS = 4
+
+
+def _dataset():
+    x = np.concatenate([batch(i)[0].asnumpy() for i in range(STEPS)])
+    y = np.concatenate([batch(i)[1].asnumpy() for i in range(STEPS)])
+    return array_dataset(x, y, len(y) // STEPS, shuffle=False)
+
+
+def _damping():
+    return Tensor(np.full(STEPS, 1e-2, np.float32))      # upstream passes Tensor(get_thor_damping(...))
+
+
+def _flow(amp_level):
+    """train.py's THOR branch, in its order, with the repository's loss scale (128)."""
+    ms.set_seed(0)
+    net = BNNet()
+    model = Model(net, CE, nn.Momentum(net.trainable_params(), 0.1, 0.9), metrics={"acc"})
+    opt = ngd.thor(net, 0.1, _damping(), 0.9, 0.0, 128.0, 8, frequency=2, verbose=False)
+    scale = FixedLossScaleManager(128.0, drop_overflow_update=False)
+    model = ngd.ConvertModelUtils().convert_to_thor_model(model=model, network=net, loss_fn=CE, optimizer=opt,
+                                                          loss_scale_manager=scale, metrics={"acc"},
+                                                          amp_level=amp_level, keep_batchnorm_fp32=False)
+    model.train(1, _dataset(), dataset_sink_mode=False)
+    return {p.name: p.asnumpy().copy() for p in net.trainable_params()}, opt
+
+
+_PLAIN = []
+
+
+def _plain_thor():
+    """THOR in Model.train without loss scaling (computed once)."""
+    if _PLAIN:
+        return _PLAIN[0]
+    ms.set_seed(0)
+    net = BNNet()
+    start = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+    opt = ngd.THOR(net, 0.1, _damping(), 0.9, frequency=2, verbose=False)
+    Model(net, CE, opt).train(1, _dataset(), dataset_sink_mode=False)
+    _PLAIN.append(({p.name: p.asnumpy().copy() for p in net.trainable_params()}, start))
+    return _PLAIN[0]
+
+
+def test_the_converted_model_trains_thor_as_model_train_does():
+    weights, opt = _flow("O0")
+    expected, _ = _plain_thor()
+    # the loss scale 128 is a power of two: scaling and unscaling are exact
+    for name, value in expected.items():
+        np.testing.assert_array_equal(weights[name], value, err_msg=name)
+    assert opt.state_counters()["step"] == STEPS
+    assert opt.demoted_layers() == [] and all(a > 0 and g > 0 for a, g in opt.factor_updates().values())
+
+
+def test_the_converted_model_trains_thor_in_float16_with_amp_o2():
+    weights, opt = _flow("O2")
+    expected, start = _plain_thor()
+    assert opt.state_counters()["step"] == STEPS and opt.state_counters()["skipped_steps"] == 0
+    assert opt.demoted_layers() == [] and all(a > 0 and g > 0 for a, g in opt.factor_updates().values())
+    # float16 arithmetic: the same training as float32 to a few per cent of the change of each tensor
+    for name, value in expected.items():
+        change = np.abs(value - start[name]).max()
+        assert np.abs(weights[name] - value).max() < 0.1 * change, name
+
+
+def test_convert_refuses_an_optimizer_it_would_silently_keep():
+    net = BNNet()
+    momentum = nn.Momentum(net.trainable_params(), 0.1, 0.9)
+    model = Model(net, CE, momentum)
+    with pytest.raises(TypeError, match=r"needs the natural-gradient optimizer.*mindspore_ngd\.thor.*got Momentum"):
+        ngd.ConvertModelUtils().convert_to_thor_model(model=model, network=net, loss_fn=CE, optimizer=momentum)
+    opt = ngd.thor(net, 0.1, 1e-2, 0.9, verbose=False)
+    with pytest.raises(TypeError, match="built on another network"):
+        ngd.ConvertModelUtils().convert_to_thor_model(model=model, network=BNNet(), loss_fn=CE, optimizer=opt)
+
+
+@pytest.mark.parametrize("loss, reduction", [(nn.SoftmaxCrossEntropyWithLogits(sparse=True), "none"),
+                                             (nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum"), "sum")])
+def test_convert_refuses_a_loss_that_is_not_a_mean(loss, reduction):
+    net = BNNet()
+    opt = ngd.thor(net, 0.1, 1e-2, 0.9, verbose=False)
+    with pytest.raises(ValueError, match=rf"reduces with '{reduction}'.*reduction=\"mean\""):
+        ngd.ConvertModelUtils().convert_to_thor_model(model=None, network=net, loss_fn=loss, optimizer=opt)
+
+
+def test_the_monte_carlo_step_refuses_a_loss_that_is_not_a_mean():
+    net = BNNet()
+    opt = ngd.KFAC(net, 0.1, fisher="mc", verbose=False)
+    with pytest.raises(ValueError, match=r"MCFisherTrainStep: the loss SoftmaxCrossEntropyWithLogits reduces with 'none'"):
+        ngd.MCFisherTrainStep(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True), opt)
