@@ -78,7 +78,7 @@ class THOR(NGDOptimizer):
     def __init__(self, network, learning_rate, damping, momentum=0.9, weight_decay=0.0, loss_scale=1.0,
                  batch_size=None, use_nesterov=False, decay_filter=_decay_all, split_indices=None,
                  enable_clip_grad=False, frequency=100, split_dim=128, trace_threshold=None,
-                 frequency_growth=1.0, max_frequency=None, damping_split="sqrt", factor_decay=0.0,
+                 frequency_growth=1.0, max_frequency=None, damping_split="positions", factor_decay=0.0,
                  kl_clip=None, inverse_method="auto", jitter=1e-6, verbose=True, distributed="auto",
                  grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, params=None, strict=False,
