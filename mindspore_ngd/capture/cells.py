@@ -2,6 +2,7 @@
 class (see :mod:`mindspore_ngd.capture` for how they fit together)."""
 import numpy as np
 
+import mindspore as ms
 from mindspore import mint, nn, ops, Parameter, Tensor
 
 from .._graph import corner
@@ -64,6 +65,9 @@ class LayerCapture(nn.Cell):
         _scratch(self, "a_batch", Parameter(Tensor(_unseen(spec.a_dim)), name=f"{base}.a_batch", requires_grad=False))
         _scratch(self, "g_batch", Parameter(Tensor(_unseen(spec.g_dim)), name=f"{base}.g_batch", requires_grad=False))
         self.capture_a = Parameter(Tensor(True), name=f"{base}.capture_a", requires_grad=False)
+        # T, the output positions a Conv2d's A sums over (1 for a Dense), written with every captured A:
+        # the "positions" damping split (MindSpore's THOR) needs it; a shape, so the same every step
+        _scratch(self, "positions", Parameter(Tensor(np.float32(1)), name=f"{base}.positions", requires_grad=False))
         self.capture_g = Parameter(Tensor(True), name=f"{base}.capture_g", requires_grad=False)
         self.is_conv = spec.kind == "conv2d"
         self.has_bias = spec.has_bias
@@ -117,6 +121,9 @@ class LayerCapture(nn.Cell):
             return x
         if self.capture_a:
             ops.assign(self.a_batch, self.input_factor(x))
+            if self.is_conv:
+                ops.assign(self.positions, ops.fill(ms.float32, (), float(factors.conv_positions(
+                    x, self.kernel_size, self.stride, self.dilation, self.pad_mode, self.padding))))
         if self.traces_enabled:
             if self.trace_a:
                 ops.assign(self.a_trace, self.input_trace(x))

@@ -40,7 +40,7 @@ import mindspore as ms
 from mindspore import ops
 
 __all__ = ["kept_rows", "kept_examples", "output_sum", "dense_input_factor", "dense_output_factor",
-           "conv_input_factor", "conv_output_factor", "conv_patches", "same_padding", "dense_input_trace",
+           "conv_input_factor", "conv_output_factor", "conv_patches", "conv_positions", "same_padding", "dense_input_trace",
            "conv_input_trace", "output_trace",
            "unit_probe", "normalized_input", "unit_fisher", "unit_natural_gradient"]
 
@@ -163,6 +163,14 @@ def _output_size(padded, kernel, stride, dilation):
     return (padded - (kernel - 1) * dilation - 1) // stride + 1
 
 
+def conv_positions(x, kernel_size, stride, dilation, pad_mode, padding):
+    """T, the number of output positions ``H_out * W_out`` of a Conv2d on the NCHW input ``x`` (a
+    Python int: static in graph mode)."""
+    top, bottom, left, right = _pads(x.shape[2], x.shape[3], kernel_size, stride, dilation, pad_mode, padding)
+    return _output_size(x.shape[2] + top + bottom, kernel_size[0], stride[0], dilation[0]) \
+        * _output_size(x.shape[3] + left + right, kernel_size[1], stride[1], dilation[1])
+
+
 def conv_patches(x, kernel_size, stride, dilation, pad_mode, padding, position_stride=1):
     """im2col patches of an NCHW input: (N, C*kh*kw, T), rows ordered like the flattened weight.
 
@@ -190,9 +198,7 @@ def conv_input_factor(x, kernel_size, stride, dilation, pad_mode, padding, has_b
     if batch == full_batch and position_stride == 1:
         total, divisor = positions, batch
     else:   # subsampled: T = all output positions of the layer, T' = the kept ones; A scaled by T / (m T')
-        top, bottom, left, right = _pads(x.shape[2], x.shape[3], kernel_size, stride, dilation, pad_mode, padding)
-        total = _output_size(x.shape[2] + top + bottom, kernel_size[0], stride[0], dilation[0]) \
-            * _output_size(x.shape[3] + left + right, kernel_size[1], stride[1], dilation[1])
+        total = conv_positions(x, kernel_size, stride, dilation, pad_mode, padding)
         divisor = positions * batch / total
     a = _MATMUL_TB(cols, cols) / divisor
     if has_bias:

@@ -40,7 +40,7 @@ __all__ = ["INVERSE_METHODS", "INVERSE_METHOD_CHOICES", "DEVICE_INVERSE_METHODS"
 
 INVERSE_METHODS = ("cholesky", "lu", "eigh", "newton")
 INVERSE_METHOD_CHOICES = ("auto",) + INVERSE_METHODS
-DAMPING_SPLITS = ("pi", "sqrt")
+DAMPING_SPLITS = ("pi", "sqrt", "positions")
 
 # per ``mindspore.get_context("device_target")``: the path ``inverse_method="auto"`` resolves to. Every
 # operator of each path is documented for its device ("Supported Platforms" of the installed
@@ -134,23 +134,32 @@ def sanitized_blocks(m, layout):
     return safe, valid, ops.where(valid, _trace(m), float(layout.dim))
 
 
-def split_damping(a, g, damping, split):
+def split_damping(a, g, damping, split, positions=None):
     """Damping added to (A, G) for a Tikhonov damping ``damping`` on the Kronecker product.
 
     ``"sqrt"``: (sqrt(l), sqrt(l)). ``"pi"``: factored Tikhonov damping of Martens & Grosse 2015
     (section 6.3), ``pi = sqrt((tr(A)/dim A) / (tr(G)/dim G))`` and (pi sqrt(l), sqrt(l)/pi);
-    pi falls back to 1 when either trace is zero.
+    pi falls back to 1 when either trace is zero. ``"positions"``: MindSpore's THOR, ``pi = sqrt(T)``
+    with ``T`` = ``positions``, the output positions a Conv2d's A sums over (1 for a Dense):
+    (sqrt(l T), sqrt(l / T)). It is nn.thor's ``A/T + sqrt(l/T) I`` and ``G + sqrt(l/T) I`` (A averaged
+    over positions, docs/algorithms.md) written for A summed over them, as this package keeps it.
     """
-    if split == "sqrt":
-        return split_damping_traces(None, a.shape[0], None, g.shape[0], damping, split)
-    return split_damping_traces(_trace(a), a.shape[0], _trace(g), g.shape[0], damping, split)
+    if split == "pi":
+        return split_damping_traces(_trace(a), a.shape[0], _trace(g), g.shape[0], damping, split)
+    return split_damping_traces(None, a.shape[0], None, g.shape[0], damping, split, positions)
 
 
-def split_damping_traces(a_trace, a_dim, g_trace, g_dim, damping, split):
-    """:func:`split_damping` from the factors' traces and sizes (the traces are not read for "sqrt")."""
+def split_damping_traces(a_trace, a_dim, g_trace, g_dim, damping, split, positions=None):
+    """:func:`split_damping` from the factors' traces and sizes (the traces are read only for "pi",
+    ``positions`` only for "positions", where None means 1)."""
     root = ops.sqrt(damping)
     if split == "sqrt":
         return root, root
+    if split == "positions":
+        if positions is None:
+            return root, root
+        pi = ops.sqrt(ops.cast(positions, ms.float32))
+        return pi * root, root / pi
     mean_a = a_trace / a_dim
     mean_g = g_trace / g_dim
     usable = ops.logical_and(mean_a > 0, mean_g > 0)

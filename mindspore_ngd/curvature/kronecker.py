@@ -129,7 +129,8 @@ class KroneckerBlock(nn.Cell):
         a_updates, g_updates = updates
         a_ref = g_ref = None
         if track_changes and damping is not None:
-            a_shift, g_shift = inv_ops.split_damping(a_factor, g_factor, damping, self.damping_split)
+            a_shift, g_shift = inv_ops.split_damping(a_factor, g_factor, damping, self.damping_split,
+                                                     self.positions())
             a_ref, g_ref = damped_square_norm(a_factor, a_shift), damped_square_norm(g_factor, g_shift)
         a, a_count, a_bad, a_change = fold_statistic(a_factor, a_updates, a_batch, take_a, decay, track_changes,
                                                      a_ref)
@@ -144,6 +145,13 @@ class KroneckerBlock(nn.Cell):
     def write_factors(self, state):
         ops.assign(self.a_factor, state[0])
         ops.assign(self.g_factor, state[1])
+
+    def positions(self):
+        """T, the output positions the layer's A sums over (a float32 scalar; 1 for a Dense), as the last
+        capture of A recorded it; None unless the damping split reads it ("positions")."""
+        if self.damping_split != "positions":
+            return None
+        return self.capture.positions
 
     # ------------------------------------------------------------------ inverses
     def inverses(self):
@@ -162,7 +170,7 @@ class KroneckerBlock(nn.Cell):
         a_safe, a_valid, a_trace = inv_ops.sanitized_blocks(state[0], self.a_layout)
         g_safe, g_valid, g_trace = inv_ops.sanitized_blocks(state[1], self.g_layout)
         a_shift, g_shift = inv_ops.split_damping_traces(a_trace, self.a_layout.dim, g_trace, self.g_layout.dim,
-                                                        damping, self.damping_split)
+                                                        damping, self.damping_split, self.positions())
         a_inv, a_ok = inv_ops.damped_inverse(a_safe, a_shift, self.inverse_method,
                                              inv_ops.jitter_of_trace(a_trace, self.jitter), inverses[0], trusted)
         g_inv, g_ok = inv_ops.damped_inverse(g_safe, g_shift, self.inverse_method,

@@ -27,7 +27,10 @@ class Policy:
         refresh: the refresh rule -- :class:`mindspore_ngd.schedule.FixedInterval` (K-FAC),
             :class:`~mindspore_ngd.schedule.StaleIntervals` (SP-NGD) or
             :class:`~mindspore_ngd.schedule.GrowingInterval` (THOR, optionally with the trace rule).
-        damping_split: "pi" (factored Tikhonov, Martens & Grosse 2015 sec. 6.3) or "sqrt".
+        damping_split: "pi" (factored Tikhonov, Martens & Grosse 2015 sec. 6.3), "sqrt" (sqrt(damping)
+            on each factor) or "positions" (MindSpore's THOR: ``sqrt(damping T)`` on A and
+            ``sqrt(damping / T)`` on G, T the output positions of a Conv2d, 1 for a Dense; see
+            :func:`mindspore_ngd.curvature.inverse.split_damping`).
         inverse_method: "auto" (default), "cholesky", "lu", "eigh" or "newton" (see
             :mod:`mindspore_ngd.curvature.inverse`). "auto" is resolved when the optimizer is
             constructed, from ``mindspore.get_context("device_target")``, through

@@ -16,8 +16,10 @@ What makes it THOR rather than K-FAC, all in the policy:
   ``trace_threshold=None`` captures and inverts everything at every refresh point;
 * hardware-driven block splitting: factors larger than ``split_dim`` are inverted as block-diagonal
   matrices of ``split_dim`` blocks (128 matches the Ascend cube unit); ``split_dim=None`` disables;
-* damping split as MindSpore's THOR, ``A + sqrt(damping) I`` and ``G + sqrt(damping) I``, no moving
-  average of the factors and no KL clipping by default.
+* damping split as MindSpore's THOR (``damping_split="positions"``): ``A + sqrt(damping T) I`` and
+  ``G + sqrt(damping / T) I`` with T a Conv2d's output positions (1 for a Dense), which is nn.thor's
+  ``A/T + sqrt(damping/T) I`` with A summed over positions as here (docs/algorithms.md, "THOR and
+  mindspore.nn.thor"); no moving average of the factors and no KL clipping by default.
 """
 from .. import _validate
 from ..schedule.rules import GrowingInterval
@@ -41,7 +43,7 @@ class THOR(NGDOptimizer):
     ============================  ==============================================================
     ``net``                        ``network`` (same object; trained in place)
     ``learning_rate`` (Tensor)     float, per-step list/array/Tensor or LearningRateSchedule
-    ``damping`` (Tensor)           same forms; ``A + sqrt(damping) I``, ``G + sqrt(damping) I``
+    ``damping`` (Tensor)           same forms and meaning: ``A + sqrt(damping T) I``, ``G + sqrt(damping / T) I``
     ``momentum``                   same
     ``weight_decay``               same, after preconditioning (as the built-in)
     ``loss_scale``                 same (fixed loss scale; G is divided by its square)
@@ -55,7 +57,7 @@ class THOR(NGDOptimizer):
 
     Extra arguments: ``split_dim`` (int >= 1 or None, default 128), ``trace_threshold`` (float > 0 or
     None, default None), ``frequency_growth`` (float >= 1, default 1), ``max_frequency`` (int or
-    None), ``damping_split`` ("sqrt"), ``factor_decay`` (0: each refresh uses its own batch),
+    None), ``damping_split`` ("positions"; "sqrt" or "pi" as :class:`mindspore_ngd.KFAC`), ``factor_decay`` (0: each refresh uses its own batch),
     ``kl_clip`` (None), ``inverse_method`` ("auto": the device target's path, as :class:`mindspore_ngd.KFAC`; or
     "cholesky", "lu", "eigh", "newton"), ``jitter`` (1e-6), ``verbose``, ``strict`` (False: a layer that
     captures nothing is demoted to the plain update with a WARNING), ``adaptive_damping`` (True) and
@@ -78,7 +80,7 @@ class THOR(NGDOptimizer):
     def __init__(self, network, learning_rate, damping, momentum=0.9, weight_decay=0.0, loss_scale=1.0,
                  batch_size=None, use_nesterov=False, decay_filter=_decay_all, split_indices=None,
                  enable_clip_grad=False, frequency=100, split_dim=128, trace_threshold=None,
-                 frequency_growth=1.0, max_frequency=None, damping_split="sqrt", factor_decay=0.0,
+                 frequency_growth=1.0, max_frequency=None, damping_split="positions", factor_decay=0.0,
                  kl_clip=None, inverse_method="auto", jitter=1e-6, verbose=True, distributed="auto",
                  grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, params=None, strict=False,

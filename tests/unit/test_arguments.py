@@ -28,7 +28,7 @@ from nets import DenseNet
     (dict(factor_decay=-0.1), ValueError, r"factor_decay must be in \[0.0, 1.0\)"),
     (dict(factor_update_interval=0), ValueError, r"factor_update_interval must be an int >= 1, got 0"),
     (dict(inverse_update_interval=2.5), TypeError, r"inverse_update_interval must be an int >= 1"),
-    (dict(damping_split="trace"), ValueError, r"damping_split must be one of \['pi', 'sqrt'\], got 'trace'"),
+    (dict(damping_split="trace"), ValueError, r"damping_split must be one of \['pi', 'positions', 'sqrt'\], got 'trace'"),
     (dict(inverse_method="svd"), ValueError, r"inverse_method must be one of \['auto', 'cholesky', 'eigh', 'lu', 'newton'\], got 'svd'"),
     (dict(momentum=1.5), ValueError, r"momentum must be in \[0.0, 1.0\]"),
     (dict(weight_decay=-1.0), ValueError, r"weight_decay must be a finite number >= 0"),
