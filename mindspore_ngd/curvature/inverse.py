@@ -183,6 +183,16 @@ def _matmul(a, b):
     return ops.bmm(a, b) if a.ndim == 3 else ops.matmul(a, b)
 
 
+_MATMUL_TA = ops.MatMul(transpose_a=True)
+_BATCH_MATMUL_TA = ops.BatchMatMul(transpose_a=True)
+
+
+def _gram_of(low):
+    """``low^T low`` of a matrix or of each matrix of a stack, without a Transpose kernel
+    (:mod:`mindspore_ngd._graph`)."""
+    return _BATCH_MATMUL_TA(low, low) if low.ndim == 3 else _MATMUL_TA(low, low)
+
+
 def _identity_like(blocks):
     """The identity with the shape of ``blocks``: (s, s), or (nb, s, s) for a stack of blocks."""
     size = blocks.shape[-1]
@@ -305,7 +315,7 @@ def damped_inverse(blocks, shift, method, jitter_shift, warm=None, trust_warm=No
     elif method == "cholesky":
         eye = _identity_like(blocks)
         low_inv = msla.solve_triangular(ops.cholesky(sym + total * eye), eye, lower=True)
-        inv = _matmul(transposed(low_inv), low_inv)
+        inv = _gram_of(low_inv)
     elif method == "lu":
         inv = ops.MatrixInverse()(sym + total * _identity_like(blocks))
         inv = (inv + transposed(inv)) * 0.5
