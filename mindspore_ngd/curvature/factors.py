@@ -49,9 +49,32 @@ _MATMUL_TA = ops.MatMul(transpose_a=True)
 _MATMUL_TB = ops.MatMul(transpose_b=True)
 
 
+_BATCH_MATMUL_TB = ops.BatchMatMul(transpose_b=True)
+
+# From this many elements of a conv layer's (examples, dim, positions) patches or output gradients on,
+# their Gram is summed over per-example products when dim <= positions (below).
+BATCHED_GRAM_MIN = 1 << 20
+
+
 def _gram(rows_first):
     """``X^T X`` for X of shape (rows, dim), without a Transpose kernel (``mindspore_ngd._graph``)."""
     return _MATMUL_TA(rows_first, rows_first)
+
+
+def _position_gram(rows):
+    """``sum_n X_n X_n^T`` of a (N, D, T) stack (im2col patches, or a conv layer's output gradients),
+    and the (D, 1) column of its sums over N and T.
+
+    Laid out as one (D, N*T) matrix, as small layers are, the stack needs a transposed copy, and
+    MindSpore 2.10's CPU Transpose kernel keeps about 2.5 copies' worth of buffers for the process's
+    life (measured: 180 MB for 72 MB of patches of ResNet-32's first stage at batch 128). A large stack
+    with ``D <= T`` is multiplied per example instead (one batched matmul, then a sum over N: an
+    intermediate no larger than the stack) and never transposed."""
+    n, d, t = rows.shape
+    if d <= t and n * d * t >= BATCHED_GRAM_MIN:
+        return _BATCH_MATMUL_TB(rows, rows).sum(0), rows.sum(2).sum(0).reshape(d, 1)
+    cols = rows.transpose(1, 0, 2).reshape(d, n * t)
+    return _MATMUL_TB(cols, cols), cols.sum(1, keepdims=True)
 
 
 def kept_rows(rows, fraction):
@@ -194,16 +217,16 @@ def conv_input_factor(x, kernel_size, stride, dilation, pad_mode, padding, has_b
     x, batch = kept_examples(x, fraction)
     patches = conv_patches(x, kernel_size, stride, dilation, pad_mode, padding, position_stride)
     _, dim, positions = patches.shape
-    cols = patches.transpose(1, 0, 2).reshape(dim, batch * positions)
+    gram, sums = _position_gram(patches)
     if batch == full_batch and position_stride == 1:
         total, divisor = positions, batch
     else:   # subsampled: T = all output positions of the layer, T' = the kept ones; A scaled by T / (m T')
         total = conv_positions(x, kernel_size, stride, dilation, pad_mode, padding)
         divisor = positions * batch / total
-    a = _MATMUL_TB(cols, cols) / divisor
+    a = gram / divisor
     if has_bias:
         # the appended 1 contributes a column of patch sums and a corner of T (= sum_t 1 per example)
-        col_sum = cols.sum(1, keepdims=True) / divisor
+        col_sum = sums / divisor
         corner = ops.fill(ms.float32, (1, 1), float(total))
         a = ops.concat((ops.concat((a, col_sum), 1),
                         ops.concat((col_sum.transpose(1, 0), corner), 1)), 0)
@@ -220,9 +243,9 @@ def conv_output_factor(dy, g_scale, fraction=1.0, position_stride=1):
         dy = dy[:, :, ::position_stride, ::position_stride]
     channels = dy.shape[1]
     positions = dy.shape[2] * dy.shape[3]
-    cols = dy.reshape(batch, channels, positions).transpose(1, 0, 2).reshape(channels, -1)
+    gram, _ = _position_gram(dy.reshape(batch, channels, positions))
     # B^2 / (m T'); with m = B and every position exactly the full formula's B / T (times g_scale)
-    return _MATMUL_TB(cols, cols) * (g_scale * full_batch * (full_batch / batch) / positions)
+    return gram * (g_scale * full_batch * (full_batch / batch) / positions)
 
 
 # ---------------------------------------------------------------- unit-wise BatchNorm statistics

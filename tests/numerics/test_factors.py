@@ -72,6 +72,19 @@ def test_conv_factors_match_reference(case):
     assert ref.rel_err(got["conv"][1], big_g) < TOL
 
 
+@pytest.mark.parametrize("case", CONV_CASES[:3], ids=["same-b", "strided", "valid-b"])
+def test_conv_factors_summed_per_example_match_reference(case, monkeypatch):
+    """The per-example route of large conv layers (``factors.BATCHED_GRAM_MIN``), forced on a small one."""
+    from mindspore_ngd.curvature import factors
+    monkeypatch.setattr(factors, "BATCHED_GRAM_MIN", 1)
+    rng = np.random.default_rng(2)
+    net, x, y, geometry = make_conv_net(case, rng)
+    _, big_a, big_g, _ = conv_reference(net, x, y, geometry)
+    got = ngd.kronecker_factors(net, CE, Tensor(x), Tensor(y))
+    assert ref.rel_err(got["conv"][0], big_a) < TOL
+    assert ref.rel_err(got["conv"][1], big_g) < TOL
+
+
 def split_expected(delta, name, matrix, bias):
     dw = delta[f"{name}.weight"].reshape(matrix.shape[0], -1)
     return np.concatenate([dw, delta[f"{name}.bias"][:, None]], axis=1) if bias else dw

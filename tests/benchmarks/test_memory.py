@@ -1,0 +1,39 @@
+"""The memory guard of issue 33: a natural-gradient step's resident memory may grow with the number of
+preconditioned layers only about as fast as the layers' Kronecker factors do.
+
+The step's graph once held about six factor-sized buffers per guarded choice (``ops.where`` with a 0-d
+condition), four per broadcast product and two per Transpose kernel, for the life of the process: a
+K-FAC step on a stack of Dense layers of width 2048 grew by 47 MB of peak resident memory per MB of
+factors added, and the model zoo's ResNet-50 recipes were killed before their first step. The test
+measures the growth between 2 and 4 Dense layers of width 1024 (each layer adds 8 MB of factors), with
+Momentum's own growth (weights, gradients, moments) taken off, in fresh processes
+(:mod:`benchmarks.memory`, whose first step captures and inverts). Measured on 2026-11-26: 12.8 MB per
+MB of factors; the stored state alone (factors, inverses, the capture's batch buffers) is 3.
+"""
+from benchmarks import memory
+
+# the bound: today's growth with room for the resident set's noise (a few MB on 16 MB of factors), far
+# below what the unguarded kernels cost (47)
+GROWTH_BOUND = 20.0
+
+
+def _peak(optimizer, layers):
+    args = memory.parse(["--model", "mlp", "--layers", str(layers), "--width", "1024", "--steps", "2"])
+    result = memory.measure(args, optimizer)
+    assert "error" not in result, result
+    return result
+
+
+def test_step_memory_grows_with_the_layers_no_faster_than_a_few_times_their_factors():
+    small, large = _peak("kfac", 2), _peak("kfac", 4)
+    base_small, base_large = _peak("momentum", 2), _peak("momentum", 4)
+    assert large["layers"] == 5 and small["layers"] == 3
+    for result in (small, large):
+        assert all(abs(loss) < 1e3 for loss in result["losses"]), result
+    added_factors = large["factors_mb"] - small["factors_mb"]
+    growth = (large["peak_mb"] - small["peak_mb"]) - (base_large["peak_mb"] - base_small["peak_mb"])
+    ratio = growth / added_factors
+    assert ratio <= GROWTH_BOUND, (
+        f"the K-FAC step's peak resident memory grew by {growth:.0f} MB for {added_factors:.0f} MB of added "
+        f"factors ({ratio:.1f} MB per MB; bound {GROWTH_BOUND}): a kernel that keeps factor-sized buffers? "
+        f"(see mindspore_ngd/_graph.py)")
