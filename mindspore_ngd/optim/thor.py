@@ -83,7 +83,7 @@ class THOR(NGDOptimizer):
                  frequency_growth=1.0, max_frequency=None, damping_split="positions", factor_decay=0.0,
                  kl_clip=None, inverse_method="auto", jitter=1e-6, verbose=True, distributed="auto",
                  grad_worker_fraction=None, balance="compute",
-                 adaptive_damping=True, divergence_patience=10, params=None, strict=False,
+                 adaptive_damping=True, divergence_patience=10, divergence_growth=1e3, params=None, strict=False,
                  stat_fraction=1.0, stat_stride=1):
         if batch_size is not None:
             _validate.positive_int("batch_size", batch_size)
@@ -103,4 +103,5 @@ class THOR(NGDOptimizer):
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=use_nesterov, decay_filter=decay_filter, verbose=verbose,
                          distributed=distributed, grad_worker_fraction=grad_worker_fraction, balance=balance,
-                         divergence_patience=divergence_patience, params=params, strict=strict)
+                         divergence_patience=divergence_patience, divergence_growth=divergence_growth, params=params,
+                         strict=strict)
