@@ -50,6 +50,7 @@ WARNING level. Both are host calls from the compiled graph (MindSpore's graph-mo
 Python calls in a run-time branch). MindSpore 2.10 cannot save a graph with host calls in its
 compile cache, so :func:`refuse_compile_cache` stops an optimizer built while the cache is on.
 """
+import functools
 import logging
 import os
 
@@ -130,7 +131,7 @@ def _alert(name, finite, step, run, total, demoted, report_demoted, patience, ev
                            f"(the first finite step's; divergence_growth={growth:g})")
         if pinned:
             reasons.append(f"adaptive damping's multiplier is pinned at its maximum {max_boost:g} "
-                           f"(max_damping_boost) while the steps still overshoot (reduction ratio {rho:.3g})")
+                           f"(max_damping_boost; reduction ratio {rho:.3g})")
         return (f"{name} {DIVERGED} {step}: {int(finite_run)} consecutive finite steps that explode: "
                 f"{'; '.join(reasons) or 'see the previous steps'} (damping multiplier {boost:g}). {ADVICE}")
     return ""
@@ -144,6 +145,9 @@ class Guard:
         self.adaptive_damping = bool(adaptive)
         self.divergence_patience = int(patience)
         self.divergence_growth = None if growth is None else float(growth)
+        # called from the compiled step as one host call (a partial is not parsed into the graph: the
+        # whole function runs in Python, f-string formats and list operations included)
+        self._alert = functools.partial(_alert, self._guard_name)
         self.max_boost = float(max_boost)
         self.ratio_decay = float(ratio_decay)
 
@@ -193,8 +197,8 @@ class Guard:
         finite_run, evidence = self._exploding(flat, finite)
         patience = self.divergence_patience
         if ops.logical_or(ops.logical_or(ops.logical_not(finite), ops.any(demoted)), finite_run >= patience):
-            message = _alert(self._guard_name, finite, step, run, self.skipped_steps + 1, demoted,
-                             self._report_invisible, patience, evidence)
+            message = self._alert(finite, step, run, self.skipped_steps + 1, demoted, self._report_invisible,
+                                  patience, evidence)
             if ops.logical_or(run >= patience, finite_run >= patience):
                 raise RuntimeError(message)
         return finite
@@ -202,9 +206,9 @@ class Guard:
     def _exploding(self, flat, finite):
         """Count the consecutive finite steps that explode: (the new count, the evidence for the
         message). A finite step explodes when its gradient norm exceeds ``divergence_growth`` times the
-        reference (the norm of the first finite step), or when adaptive damping's multiplier is at
-        ``max_damping_boost`` and the reduction ratio still says the steps overshoot (``rho < 1/4``,
-        the raise condition). Non-finite steps leave the count as it is, a healthy finite step resets
+        reference (the norm of the first finite step), or when adaptive damping's multiplier is pinned
+        at ``max_damping_boost`` (> 1; a multiplier that the rule could not raise far enough, and that no
+        undershooting step has lowered since). Non-finite steps leave the count as it is, a healthy finite step resets
         it. Only reads values the step computes anyway: the weights and updates are unchanged."""
         norm = ops.sqrt(ops.reduce_sum(flat * flat))
         reference = self.grad_reference * 1.0
@@ -224,7 +228,7 @@ class Guard:
             den = self.ratio_den * 1.0
             rho = self.ratio_num / ops.where(den < 0, den, -ops.ones_like(den))
             if self.max_boost > 1:
-                pinned = ops.logical_and(ops.logical_and(boost >= self.max_boost, den < 0), rho < 0.25)
+                pinned = boost >= self.max_boost
         bad = ops.logical_and(finite, ops.logical_or(exploded, pinned))
         old = self.finite_run * 1
         count = ops.where(bad, old + 1, ops.where(finite, ops.zeros((), ms.int32), old))
