@@ -60,8 +60,8 @@ class THOR(NGDOptimizer):
     None), ``damping_split`` ("positions"; "sqrt" or "pi" as :class:`mindspore_ngd.KFAC`), ``factor_decay`` (0: each refresh uses its own batch),
     ``kl_clip`` (None), ``inverse_method`` ("auto": the device target's path, as :class:`mindspore_ngd.KFAC`; or
     "cholesky", "lu", "eigh", "newton"), ``jitter`` (1e-6), ``verbose``, ``strict`` (False: a layer that
-    captures nothing is demoted to the plain update with a WARNING), ``adaptive_damping`` (True) and
-    ``divergence_patience`` (10) as :class:`mindspore_ngd.KFAC`, and the
+    captures nothing is demoted to the plain update with a WARNING), ``adaptive_damping`` (True),
+    ``divergence_patience`` (10) and ``divergence_growth`` (1e3) as :class:`mindspore_ngd.KFAC`, and the
     distributed knobs ``distributed`` ("auto"), ``grad_worker_fraction`` (None: 1/N) and ``balance``
     ("compute"; ownership balanced on the block-split inversion cost), and ``params`` (parameter groups as
     ``nn.Momentum``'s, see :mod:`mindspore_ngd.optim.groups`), as :class:`mindspore_ngd.NGDOptimizer`.
