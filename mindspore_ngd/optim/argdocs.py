@@ -25,7 +25,13 @@ ARGUMENTS = {
     ),
     "divergence_patience": (
         'divergence_patience (int): stop with ``RuntimeError("... diverged at step ...")`` after this\n'
-        '    many consecutive non-finite steps (>= 1). Default 10.'
+        '    many consecutive non-finite steps, or this many consecutive finite steps that explode (>= 1).\n'
+        '    Default 10.'
+    ),
+    "divergence_growth": (
+        'divergence_growth (float): a finite step explodes when its gradient norm exceeds this many times\n'
+        "    the first finite step's (> 1), or when adaptive damping's multiplier sits at its maximum while\n"
+        '    the steps still overshoot; None keeps only the second test. Default 1e3 (docs/algorithms.md).'
     ),
     "params": (
         "params (list): parameter groups as ``nn.Momentum``'s ``params``: a list of the network's\n"

@@ -61,7 +61,7 @@ from .layers import discover, parameter_roles, plain_layers
 from .argdocs import shared_arguments
 from .policy import Policy, check_arguments, default_decay_filter, resolve_nesterov
 from .fold import Fold
-from .guard import Guard, refuse_compile_cache
+from .guard import Guard, check_divergence_growth, refuse_compile_cache
 from .precondition import Precondition
 from .refresh import Refresh
 from .report import Inspection, not_training_message, report_invisible
@@ -120,20 +120,27 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         balance (str): "compute" balances the owners' inversion work (``a^3 + g^3`` per layer),
             "memory" their factor memory (``a^2 + g^2``).
         divergence_patience (int): stop with ``RuntimeError("... diverged at step ...")`` after this
-            many consecutive steps with a non-finite gradient (>= 1). Default 10.
+            many consecutive steps with a non-finite gradient (>= 1), or this many consecutive finite
+            steps that explode (see ``divergence_growth``). Default 10.
+        divergence_growth (float): a finite step explodes when its gradient norm is more than this
+            many times the gradient norm of the first finite step (> 1; None: only adaptive damping's
+            multiplier pinned at ``max_damping_boost`` while the steps still overshoot counts).
+            Default 1e3 (docs/algorithms.md, "Fault handling").
         @params@
     """
 
     def __init__(self, network, learning_rate, momentum=0.9, weight_decay=0.0, loss_scale=1.0, use_nesterov=False,
                  *, damping=1e-3, factor_decay=0.95, policy=Policy(),
                  decay_filter=None, skip_layers=(), verbose=True, distributed="auto", grad_worker_fraction=None,
-                 balance="compute", divergence_patience=10, params=None, strict=False, nesterov=None):
+                 balance="compute", divergence_patience=10, params=None, strict=False, nesterov=None,
+                 divergence_growth=1e3):
         learning_rate, momentum, weight_decay, factor_decay, loss_scale, policy = check_arguments(
             network, learning_rate, damping, momentum, weight_decay, factor_decay, loss_scale, policy, decay_filter,
             balance, type(self).__name__)
         # nesterov: the former spelling, still passed by subclasses (THOR maps nn.thor's use_nesterov onto it)
         nesterov = resolve_nesterov(use_nesterov, nesterov, warn=False)
         divergence_patience = _validate.positive_int("divergence_patience", divergence_patience)
+        divergence_growth = check_divergence_growth(divergence_growth)
         refuse_compile_cache(type(self).__name__)
         if not isinstance(strict, bool):
             raise TypeError(f"strict must be a bool, got {type(strict).__name__}")
@@ -217,7 +224,8 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
                                             requires_grad=False)
         self._guard_name = type(self).__name__
         self._lean = False        # compile-time: set only by NGDTrainOneStepCell for its lean graph
-        self._build_guard(prefix, policy.adaptive_damping, divergence_patience, policy.max_damping_boost, 0.9)
+        self._build_guard(prefix, policy.adaptive_damping, divergence_patience, policy.max_damping_boost, 0.9,
+                          divergence_growth)
         attach(cells, [b.capture for b in self.blocks])
         attach(norm_cells, [b.capture for b in self.norm_blocks])
         # the capturing cells, held outside the cell tree (not child cells of the optimizer): their
@@ -277,7 +285,7 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         lr = self.get_lr()
         step = self.global_step.reshape(())
         flat = flat_gradients(gradients)
-        finite = self._watch(gradients, ops.all(ops.isfinite(flat)), step, self.demoted_unreported)
+        finite = self._watch(flat, ops.all(ops.isfinite(flat)), step, self.demoted_unreported)
         token, boost = self._adapt(gradients, flat, finite)
         finite = ops.depend(finite, token)
 

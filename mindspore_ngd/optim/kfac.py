@@ -86,7 +86,7 @@ class KFAC(NGDOptimizer):
                  damping_split="pi", kl_clip=1e-3, inverse_method="auto",
                  jitter=1e-6, decay_filter=None, skip_layers=(), fisher="empirical", verbose=True,
                  distributed="auto", grad_worker_fraction=None, balance="compute",
-                 adaptive_damping=True, divergence_patience=10, params=None, strict=False,
+                 adaptive_damping=True, divergence_patience=10, divergence_growth=1e3, params=None, strict=False,
                  stat_fraction=1.0, stat_stride=1, nesterov=None):
         policy = Policy(name="kfac", refresh=FixedInterval(factor_update_interval, inverse_update_interval),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip, jitter=jitter,
@@ -97,4 +97,5 @@ class KFAC(NGDOptimizer):
                          policy=policy, use_nesterov=resolve_nesterov(use_nesterov, nesterov), decay_filter=decay_filter,
                          skip_layers=skip_layers, verbose=verbose, distributed=distributed,
                          grad_worker_fraction=grad_worker_fraction, balance=balance,
-                         divergence_patience=divergence_patience, params=params, strict=strict)
+                         divergence_patience=divergence_patience, divergence_growth=divergence_growth, params=params,
+                         strict=strict)

@@ -99,7 +99,7 @@ class SPNGD(NGDOptimizer):
                  damping_split="pi", kl_clip=1e-3, inverse_method="auto", jitter=1e-6,
                  decay_filter=None, skip_layers=(), verbose=True, distributed="auto",
                  grad_worker_fraction=None, balance="compute",
-                 adaptive_damping=True, divergence_patience=10, params=None, strict=False,
+                 adaptive_damping=True, divergence_patience=10, divergence_growth=1e3, params=None, strict=False,
                  stat_fraction=1.0, stat_stride=1, refresh_measure="damped", nesterov=None):
         floor = _validate.non_negative_float("weight_decay", weight_decay)
         policy = Policy(name="spngd", refresh=StaleIntervals(refresh_threshold, max_interval, stale, refresh_measure),
@@ -111,4 +111,5 @@ class SPNGD(NGDOptimizer):
                          policy=policy, use_nesterov=resolve_nesterov(use_nesterov, nesterov), decay_filter=decay_filter,
                          skip_layers=skip_layers, verbose=verbose, distributed=distributed,
                          grad_worker_fraction=grad_worker_fraction, balance=balance,
-                         divergence_patience=divergence_patience, params=params, strict=strict)
+                         divergence_patience=divergence_patience, divergence_growth=divergence_growth, params=params,
+                         strict=strict)

@@ -60,8 +60,8 @@ class THOR(NGDOptimizer):
     None), ``damping_split`` ("positions"; "sqrt" or "pi" as :class:`mindspore_ngd.KFAC`), ``factor_decay`` (0: each refresh uses its own batch),
     ``kl_clip`` (None), ``inverse_method`` ("auto": the device target's path, as :class:`mindspore_ngd.KFAC`; or
     "cholesky", "lu", "eigh", "newton"), ``jitter`` (1e-6), ``verbose``, ``strict`` (False: a layer that
-    captures nothing is demoted to the plain update with a WARNING), ``adaptive_damping`` (True) and
-    ``divergence_patience`` (10) as :class:`mindspore_ngd.KFAC`, and the
+    captures nothing is demoted to the plain update with a WARNING), ``adaptive_damping`` (True),
+    ``divergence_patience`` (10) and ``divergence_growth`` (1e3) as :class:`mindspore_ngd.KFAC`, and the
     distributed knobs ``distributed`` ("auto"), ``grad_worker_fraction`` (None: 1/N) and ``balance``
     ("compute"; ownership balanced on the block-split inversion cost), and ``params`` (parameter groups as
     ``nn.Momentum``'s, see :mod:`mindspore_ngd.optim.groups`), as :class:`mindspore_ngd.NGDOptimizer`.
@@ -83,7 +83,7 @@ class THOR(NGDOptimizer):
                  frequency_growth=1.0, max_frequency=None, damping_split="positions", factor_decay=0.0,
                  kl_clip=None, inverse_method="auto", jitter=1e-6, verbose=True, distributed="auto",
                  grad_worker_fraction=None, balance="compute",
-                 adaptive_damping=True, divergence_patience=10, params=None, strict=False,
+                 adaptive_damping=True, divergence_patience=10, divergence_growth=1e3, params=None, strict=False,
                  stat_fraction=1.0, stat_stride=1):
         if batch_size is not None:
             _validate.positive_int("batch_size", batch_size)
@@ -103,4 +103,5 @@ class THOR(NGDOptimizer):
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=use_nesterov, decay_filter=decay_filter, verbose=verbose,
                          distributed=distributed, grad_worker_fraction=grad_worker_fraction, balance=balance,
-                         divergence_patience=divergence_patience, params=params, strict=strict)
+                         divergence_patience=divergence_patience, divergence_growth=divergence_growth, params=params,
+                         strict=strict)

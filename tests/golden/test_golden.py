@@ -41,7 +41,10 @@ REMOVED = TRACE_PROBES + SCRATCH
 ADDED = (".loss_scale_seen", ".nonfinite_run", ".damping.boost", ".damping.boost_inverted", ".damping.step_slope",
          ".damping.step_lr", ".damping.ratio_num", ".damping.ratio_den",
          ".demoted", ".demoted_unreported",    # issue 12: layers demoted because they captured nothing
-         ".capturing", ".damping.moments")     # issue 13: read once per step instead of the flags / buffers
+         ".capturing", ".damping.moments",     # issue 13: read once per step instead of the flags / buffers
+         # issue 32: the finite-divergence stop's reference gradient norm and run of exploding steps;
+         # it only reads the gradients and the damping state, so every other value stays bit-identical
+         ".divergence.grad_reference", ".divergence.finite_run")
 # Issue 13: each layer's scalars are stacked into one vector per family, in layer order; the golden
 # per-layer values must equal the vector's entries (demoted did not exist when they were recorded).
 STACKED = {"A_updates": "layers", "G_updates": "layers", "has_inverse": "layers", "F_updates": "norms"}

@@ -1,0 +1,127 @@
+"""A divergence that stays finite stops with a reason (issue 32), and healthy runs never count.
+
+The rule (mindspore_ngd/optim/guard.py, ``Guard._exploding``): a finite step explodes when its gradient
+norm exceeds ``divergence_growth`` (default 1e3) times the first finite step's, or when adaptive
+damping's multiplier is pinned at ``max_damping_boost``; ``divergence_patience`` consecutive exploding
+steps stop the run with ``RuntimeError("... diverged at step ...")``."""
+import os
+
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import nn, Tensor
+
+import mindspore_ngd as ngd
+from benchmarks.models import ConvBNNet, DigitsCNN
+from nets import DenseNet
+
+os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
+
+CE = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+
+def _templates(size=256, classes=10, hw=16, seed=0):
+    """The model zoo's synthetic images: a fixed class template plus 0.5 noise (tests/optimizers/test_thor_recipe.py)."""
+    rng = np.random.default_rng(seed)
+    templates = rng.standard_normal((classes, 3, hw, hw)).astype(np.float32)
+    y = (np.arange(size) % classes).astype(np.int32)
+    return templates[y] + 0.5 * rng.standard_normal((size, 3, hw, hw)).astype(np.float32), y
+
+
+def test_thor_far_too_small_damping_blows_up_finitely_and_is_stopped():
+    """THOR at damping 1e-6 and lr 0.5 on a small conv+BatchNorm net: the loss goes 2.4 -> 1e10 in ten
+    steps while every gradient stays finite (measured: the gradient norm 1.07 at step 0, 2e3 at step 4,
+    1e7 by step 12). Without the rule it trained on at a loss of 1e9 with no message."""
+    ms.set_seed(0)
+    net = ConvBNNet(widths=(3, 16, 32, 32))
+    opt = ngd.THOR(net, 0.5, 1e-6, 0.9, 5e-4, frequency=4, verbose=False)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.CrossEntropyLoss(reduction="mean")), opt)
+    step.set_train()
+    x, y = _templates()
+    losses = []
+    with pytest.raises(RuntimeError) as info:
+        for t in range(40):
+            part = slice((t % 8) * 32, (t % 8 + 1) * 32)
+            losses.append(float(step(Tensor(x[part]), Tensor(y[part])).asnumpy()))
+    message = str(info.value)
+    assert ngd.is_divergence(info.value)
+    assert message.startswith("THOR diverged at step 13: 10 consecutive finite steps that explode: the gradient norm")
+    for words in ("divergence_growth=1000", "Raise the damping", "lower the learning rate"):
+        assert words in message
+    assert np.isfinite(losses).all() and max(losses) > 1e6, losses      # finite, and garbage
+    assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
+    assert opt.state_counters()["skipped_steps"] == 0                     # the non-finite rule never saw it
+    assert int(opt.finite_run.asnumpy()) == 10
+
+
+def _dense_run(**kwargs):
+    ms.set_seed(0)
+    net = DenseNet()
+    policy = ngd.Policy(kl_clip=None, max_damping_boost=4.0, refresh=ngd.schedule.FixedInterval(1, 1))
+    opt = ngd.NGDOptimizer(net, 3.0, damping=1e-2, policy=policy, verbose=False, divergence_patience=5, **kwargs)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, CE), opt)
+    step.set_train()
+    rng = np.random.default_rng(0)
+    batches = [(Tensor(rng.standard_normal((16, 5)).astype(np.float32)),
+                Tensor(rng.integers(0, 3, 16).astype(np.int32))) for _ in range(4)]
+    for t in range(40):
+        step(*batches[t % 4])
+    return opt
+
+
+def test_multiplier_pinned_at_its_maximum_stops_the_run():
+    """lr 3 overshoots: the multiplier reaches max_damping_boost=4 within three steps and stays (the loss
+    overflows to inf while the gradients stay finite: the softmax saturates); the gradient rule is off."""
+    with pytest.raises(RuntimeError) as info:
+        _dense_run(divergence_growth=None)
+    assert ngd.is_divergence(info.value)
+    assert str(info.value).startswith("NGDOptimizer diverged at step 8: 5 consecutive finite steps that explode: "
+                                      "adaptive damping's multiplier is pinned at its maximum 4 (max_damping_boost")
+
+
+def test_the_state_has_deterministic_names():
+    opt = ngd.KFAC(DenseNet(), learning_rate=0.1, verbose=False)
+    assert opt.grad_reference.name == "kfac.divergence.grad_reference"
+    assert opt.finite_run.name == "kfac.divergence.finite_run"
+
+
+@pytest.mark.parametrize("value, error", [(1.0, ValueError), (0.5, ValueError), (float("inf"), ValueError),
+                                          ("1e3", TypeError), (True, TypeError)])
+@pytest.mark.parametrize("name", ["KFAC", "SPNGD", "THOR"])
+def test_bad_divergence_growth_is_named(name, value, error):
+    with pytest.raises(error, match="divergence_growth"):
+        getattr(ngd, name)(DenseNet(), learning_rate=0.1, damping=1e-3, divergence_growth=value, verbose=False)
+
+
+HEALTHY = {   # constructor arguments of a run that trains on digits (3 epochs at batch 64); THOR without
+    # kl_clip at these values diverges on digits (gradient norm 3.7e5x the first by step 44: stopped)
+    "KFAC": dict(learning_rate=0.1, damping=1e-3),
+    "SPNGD": dict(learning_rate=0.1, damping=1e-3, weight_decay=5e-4),
+    "THOR": dict(learning_rate=0.05, damping=0.03, weight_decay=5e-4, loss_scale=128.0, frequency=4, kl_clip=1e-3),
+}
+
+
+@pytest.mark.parametrize("name", list(HEALTHY))
+def test_healthy_digits_runs_never_count_an_exploding_step(name):
+    from benchmarks.data import digits_arrays
+    x_train, y_train, _, _ = digits_arrays()
+    ms.set_seed(0)
+    net = DigitsCNN()
+    kwargs = dict(HEALTHY[name])
+    scale = kwargs.get("loss_scale", 1.0)
+    opt = getattr(ngd, name)(net, verbose=False, **kwargs)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, CE), opt, sens=scale)
+    step.set_train()
+    batches = len(y_train) // 64
+    counts, losses = [], []
+    for epoch in range(3):
+        order = np.random.default_rng(epoch).permutation(len(y_train))
+        for i in range(batches):
+            part = order[i * 64:(i + 1) * 64]
+            losses.append(float(step(Tensor(x_train[part]), Tensor(y_train[part])).asnumpy()))
+            counts.append(int(opt.finite_run.asnumpy()))
+    first, last = np.mean(losses[:batches]), np.mean(losses[-batches:])
+    assert last < 0.25 * first, (first, last)          # it trains
+    assert max(counts) <= 1, counts          # no run of exploding steps (an isolated spike at most)
+    assert opt.state_counters()["skipped_steps"] == 0
