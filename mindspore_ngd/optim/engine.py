@@ -102,8 +102,10 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         nesterov (bool): the former spelling of ``use_nesterov`` (None: not given).
         decay_filter (callable): ``Parameter -> bool``; default :func:`default_decay_filter`.
         skip_layers (iterable of str): cell names of Dense/Conv2d layers to leave un-preconditioned.
-        verbose (bool): log one INFO line naming the preconditioned layers and the plain-update
-            parameters (and, distributed, one naming the collectives). The WARNING line naming every
+        verbose (bool or None): one INFO line naming the preconditioned layers and the plain-update
+            parameters (and, distributed, one naming the collectives). None (default): logged at INFO,
+            shown only when the application configured logging at INFO; True: always shown (on stderr
+            when logging is not configured); False: never. The WARNING line naming every
             non-normalisation layer left to the plain update, with its reason, is logged either way.
         strict (bool): a preconditioned layer that captures nothing on its first capture step (its
             construct is never called, e.g. ``out_proj`` of ``nn.MultiheadAttention``, or its output
@@ -131,7 +133,7 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
 
     def __init__(self, network, learning_rate, momentum=0.9, weight_decay=0.0, loss_scale=1.0, use_nesterov=False,
                  *, damping=1e-3, factor_decay=0.95, policy=Policy(),
-                 decay_filter=None, skip_layers=(), verbose=True, distributed="auto", grad_worker_fraction=None,
+                 decay_filter=None, skip_layers=(), verbose=None, distributed="auto", grad_worker_fraction=None,
                  balance="compute", divergence_patience=10, params=None, strict=False, nesterov=None,
                  divergence_growth=1e3):
         learning_rate, momentum, weight_decay, factor_decay, loss_scale, policy = check_arguments(

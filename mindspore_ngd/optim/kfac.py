@@ -59,9 +59,11 @@ class KFAC(NGDOptimizer):
         fisher (str): "empirical" (G from the training labels, default) or "mc" (G from labels sampled
             from the model's predictive distribution; train with
             :class:`mindspore_ngd.MCFisherTrainStep`).
-        verbose (bool): log the preconditioned layers and plain parameters (INFO) on the
-            "mindspore_ngd" logger; the WARNING line about layers left to the plain update is logged
-            either way.
+        verbose (bool or None): the INFO line naming the preconditioned layers and plain parameters
+            on the "mindspore_ngd" logger. None (default): logged at INFO, shown only when the
+            application configured logging at INFO; True: always shown (on stderr if logging is not
+            configured); False: never. The WARNING line about layers left to the plain update is
+            logged either way.
         @all@
 
     Inputs:
@@ -84,7 +86,7 @@ class KFAC(NGDOptimizer):
     def __init__(self, network, learning_rate, momentum=0.9, weight_decay=0.0, loss_scale=1.0, use_nesterov=False,
                  *, damping=1e-3, factor_decay=0.95, factor_update_interval=1, inverse_update_interval=20,
                  damping_split="pi", kl_clip=1e-3, inverse_method="auto",
-                 jitter=1e-6, decay_filter=None, skip_layers=(), fisher="empirical", verbose=True,
+                 jitter=1e-6, decay_filter=None, skip_layers=(), fisher="empirical", verbose=None,
                  distributed="auto", grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, divergence_growth=1e3, params=None, strict=False,
                  stat_fraction=1.0, stat_stride=1, nesterov=None):

@@ -3,6 +3,8 @@ import logging
 
 import numpy as np
 
+from .. import _log
+
 __all__ = ["Inspection", "not_training_message", "report_invisible"]
 
 logger = logging.getLogger("mindspore_ngd")
@@ -83,7 +85,8 @@ class Inspection:
     def _log_layers(self, verbose):
         """At construction: one WARNING line naming every layer whose trainable parameters get the plain
         update although it is not a normalisation layer, grouped by reason (always emitted); with
-        ``verbose``, one INFO line naming the preconditioned layers and the plain-update parameters
+        ``verbose`` (None: at INFO, shown when the application configured logging; True: always shown;
+        False: never, see :mod:`mindspore_ngd._log`), one INFO line naming the preconditioned layers and the plain-update parameters
         (and, distributed, one naming the collectives)."""
         name = type(self).__name__
         if self.plain_layers:
@@ -93,15 +96,15 @@ class Inspection:
             logger.warning("%s: the trainable parameters of %d layer(s) are not preconditioned and get the plain "
                            "momentum update -- %s", name, len(self.plain_layers),
                            "; ".join(f"{reason}: {', '.join(cells)}" for reason, cells in groups.items()))
-        if not verbose:
+        if verbose is False:
             return
         plain = [p.name for i, p in enumerate(self._parameters) if self._roles[i][0] < 0 and self._roles[i][3] < 0]
         norms = f"; unit-wise BatchNorm: {', '.join(s.name for s in self.norm_specs)}" if self.norm_specs else ""
-        logger.info("%s: preconditioning %d layers [%s]; plain momentum update for %d parameters [%s]%s",
+        _log.info(verbose, "%s: preconditioning %d layers [%s]; plain momentum update for %d parameters [%s]%s",
                     name, len(self.layer_specs), ", ".join(s.name for s in self.layer_specs),
                     len(plain), ", ".join(plain), norms)
         if self.communicator is not None:
-            logger.info("%s: %s", name, self.communicator.describe())
+            _log.info(verbose, "%s: %s", name, self.communicator.describe())
 
     def demoted_layers(self):
         """Names of the preconditioned layers demoted to the plain update because a capture step found

@@ -77,7 +77,7 @@ class SPNGD(NGDOptimizer):
         nesterov (bool): the former spelling of ``use_nesterov``, still accepted (DeprecationWarning).
         decay_filter (callable): ``Parameter -> bool``; default decays parameters with 2+ dimensions.
         skip_layers (iterable of str): Dense/Conv2d cell names to leave un-preconditioned.
-        verbose (bool): log the preconditioned layers. Default True.
+        verbose (bool or None): the INFO layer report, as :class:`mindspore_ngd.KFAC` (default None: only when logging is configured at INFO).
         @all@
 
     State (Parameters, checkpointed): ``spngd.intervals``, ``spngd.next_refresh`` and
@@ -97,7 +97,7 @@ class SPNGD(NGDOptimizer):
                  *, damping=1e-3, factor_decay=0.9,
                  stale=True, refresh_threshold=0.1, max_interval=64, batchnorm_damping=1e-3, fisher="empirical",
                  damping_split="pi", kl_clip=1e-3, inverse_method="auto", jitter=1e-6,
-                 decay_filter=None, skip_layers=(), verbose=True, distributed="auto",
+                 decay_filter=None, skip_layers=(), verbose=None, distributed="auto",
                  grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, divergence_growth=1e3, params=None, strict=False,
                  stat_fraction=1.0, stat_stride=1, refresh_measure="damped", nesterov=None):

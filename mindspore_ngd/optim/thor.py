@@ -59,7 +59,7 @@ class THOR(NGDOptimizer):
     None, default None), ``frequency_growth`` (float >= 1, default 1), ``max_frequency`` (int or
     None), ``damping_split`` ("positions"; "sqrt" or "pi" as :class:`mindspore_ngd.KFAC`), ``factor_decay`` (0: each refresh uses its own batch),
     ``kl_clip`` (None), ``inverse_method`` ("auto": the device target's path, as :class:`mindspore_ngd.KFAC`; or
-    "cholesky", "lu", "eigh", "newton"), ``jitter`` (1e-6), ``verbose``, ``strict`` (False: a layer that
+    "cholesky", "lu", "eigh", "newton"), ``jitter`` (1e-6), ``verbose`` (None), ``strict`` (False: a layer that
     captures nothing is demoted to the plain update with a WARNING), ``adaptive_damping`` (True),
     ``divergence_patience`` (10) and ``divergence_growth`` (1e3) as :class:`mindspore_ngd.KFAC`, and the
     distributed knobs ``distributed`` ("auto"), ``grad_worker_fraction`` (None: 1/N) and ``balance``
@@ -81,7 +81,7 @@ class THOR(NGDOptimizer):
                  batch_size=None, use_nesterov=False, decay_filter=_decay_all, split_indices=None,
                  enable_clip_grad=False, frequency=100, split_dim=128, trace_threshold=None,
                  frequency_growth=1.0, max_frequency=None, damping_split="positions", factor_decay=0.0,
-                 kl_clip=None, inverse_method="auto", jitter=1e-6, verbose=True, distributed="auto",
+                 kl_clip=None, inverse_method="auto", jitter=1e-6, verbose=None, distributed="auto",
                  grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, divergence_growth=1e3, params=None, strict=False,
                  stat_fraction=1.0, stat_stride=1):

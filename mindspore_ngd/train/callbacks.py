@@ -1,11 +1,11 @@
 """Callbacks that report what a natural-gradient optimizer did during training."""
-import logging
 
 from mindspore.train import Callback
 
+from .. import _log
+
 __all__ = ["RefreshMonitor"]
 
-logger = logging.getLogger("mindspore_ngd")
 
 
 class RefreshMonitor(Callback):
@@ -18,10 +18,12 @@ class RefreshMonitor(Callback):
     Args:
         optimizer: an optimizer whose refresh rule has per-statistic intervals (:class:`mindspore_ngd.SPNGD`,
             or any :class:`mindspore_ngd.NGDOptimizer` with a ``StaleIntervals`` rule).
-        verbose (bool): log one line per epoch on the "mindspore_ngd" logger.
+        verbose (bool or None): one line per epoch on the "mindspore_ngd" logger. None (default): at
+            INFO, shown only when the application configured logging at INFO; True: always shown;
+            False: never.
     """
 
-    def __init__(self, optimizer, verbose=True):
+    def __init__(self, optimizer, verbose=None):
         super().__init__()
         rule = getattr(getattr(optimizer, "policy", None), "refresh", None)
         if not getattr(rule, "per_statistic", False):
@@ -46,5 +48,4 @@ class RefreshMonitor(Callback):
         ratio = (refreshes - self._start[1]) / float(max(steps, 1) * count)
         epoch = run_context.original_args().cur_epoch_num
         self.history.append((epoch, steps, ratio))
-        if self.verbose:
-            logger.info("epoch %d: %d steps, refresh ratio %.3f (%d statistics)", epoch, steps, ratio, count)
+        _log.info(self.verbose, "epoch %d: %d steps, refresh ratio %.3f (%d statistics)", epoch, steps, ratio, count)
