@@ -13,6 +13,9 @@ What is documented, in this order:
   class itself (methods inherited from another ``mindspore_ngd`` class are listed by name with a link;
   MindSpore's own ``Cell`` / ``Optimizer`` / ``Callback`` methods, and the hooks that override them
   such as ``construct``, are left out);
+* after the list of modules, the table of the arguments KFAC, SPNGD and THOR all take whose defaults
+  differ: defaults from the signatures, reasons from ``mindspore_ngd.optim.argdocs.DEFAULT_DIFFERENCES``
+  (generation fails when an argument whose defaults differ has no reason there);
 * a name exported twice (``mindspore_ngd.RefreshMonitor`` is ``mindspore_ngd.train.RefreshMonitor``)
   is documented once and linked from the second place.
 
@@ -265,6 +268,7 @@ def render():
         links = ", ".join(f"[`{n}`](#{_anchor(f'{module_name}.{n}')})" for n in names)
         lines.append(f"- `{module_name}`: {links}")
     lines.append("")
+    lines += _default_differences()
     for module_name, module, names in modules:
         lines += [f"## `{module_name}`", ""]
         doc = inspect.getdoc(module)
@@ -278,6 +282,39 @@ def render():
     while lines and lines[-1] == "":
         lines.pop()
     return "\n".join(lines) + "\n"
+
+
+def _default_differences():
+    """The table of the arguments that KFAC, SPNGD and THOR all take with defaults that differ: the
+    defaults read from the signatures, the reason from
+    ``mindspore_ngd.optim.argdocs.DEFAULT_DIFFERENCES``. Raises ``ValueError`` when the two disagree
+    (an argument whose defaults differ has no reason, or a reason names one whose defaults agree)."""
+    package = importlib.import_module("mindspore_ngd")
+    reasons = importlib.import_module("mindspore_ngd.optim.argdocs").DEFAULT_DIFFERENCES
+    classes = (package.KFAC, package.SPNGD, package.THOR)
+    signatures = [inspect.signature(cls.__init__).parameters for cls in classes]
+    shared = [name for name in signatures[0] if name != "self" and all(name in s for s in signatures[1:])]
+
+    def default(parameter):
+        if parameter.default is inspect.Parameter.empty:
+            return "required"
+        if inspect.isfunction(parameter.default):
+            return f"`{parameter.default.__name__}`"
+        return f"`{_format_default(parameter.default)}`"
+
+    rows = [(name, [default(s[name]) for s in signatures]) for name in shared]
+    differing = [(name, values) for name, values in rows if len(set(values)) > 1]
+    missing = [name for name, _ in differing if name not in reasons]
+    stale = sorted(set(reasons) - {name for name, _ in differing})
+    if missing or stale:
+        raise ValueError(f"DEFAULT_DIFFERENCES in mindspore_ngd/optim/argdocs.py is out of date: no reason for "
+                         f"{missing}; defaults no longer differ for {stale}")
+    lines = ["## Defaults that differ between KFAC, SPNGD and THOR", "",
+             "Every other argument the three optimizers share has the same default in each.", "",
+             "| argument | `KFAC` | `SPNGD` | `THOR` | why |", "|---|---|---|---|---|"]
+    for name, values in differing:
+        lines.append(f"| `{name}` | " + " | ".join(values) + f" | {reasons[name]} |")
+    return lines + [""]
 
 
 def _ensure_importable(root):

@@ -44,3 +44,29 @@ def test_api_docs_cover_the_public_names():
         text = handle.read()
     for name in mindspore_ngd.__all__:
         assert f"### `mindspore_ngd.{name}`" in text, name
+
+
+def test_defaults_that_differ_are_tabled_with_a_reason(monkeypatch):
+    """Every argument shared by KFAC, SPNGD and THOR with differing defaults has a row (and a reason);
+    generation refuses a difference without one."""
+    import inspect
+
+    import pytest
+
+    import mindspore_ngd as ngd
+    from mindspore_ngd.optim import argdocs
+
+    signatures = [inspect.signature(cls.__init__).parameters for cls in (ngd.KFAC, ngd.SPNGD, ngd.THOR)]
+    shared = [n for n in signatures[0] if n != "self" and all(n in s for s in signatures[1:])]
+    differing = {n for n in shared if len({repr(s[n].default) for s in signatures}) > 1}
+    assert differing == set(argdocs.DEFAULT_DIFFERENCES)
+    with open(os.path.join(_repo_root(), "docs", "api.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    for name in differing:
+        assert f"| `{name}` |" in text, name
+    generator = _generator(_repo_root())
+    reasons = dict(argdocs.DEFAULT_DIFFERENCES)
+    reasons.pop("kl_clip")
+    monkeypatch.setattr(argdocs, "DEFAULT_DIFFERENCES", reasons)
+    with pytest.raises(ValueError, match=r"no reason for \['kl_clip'\]"):
+        generator.render()
