@@ -40,11 +40,15 @@ class _Records(logging.Handler):
 def test_layer_selection_summary_and_log():
     net = BNNet()
     records = _Records()
-    logging.getLogger("mindspore_ngd").addHandler(records)
+    logger = logging.getLogger("mindspore_ngd")
+    level = logger.level
+    logger.addHandler(records)
+    logger.setLevel(logging.INFO)      # the application asks for INFO: the layer report is logged
     try:
         opt = ngd.KFAC(net, learning_rate=0.1)
     finally:
-        logging.getLogger("mindspore_ngd").removeHandler(records)
+        logger.removeHandler(records)
+        logger.setLevel(level)
     # the grouped convolution is warned about; BatchNorm, left to the plain update by design, is not
     assert records.messages == [
         "KFAC: the trainable parameters of 1 layer(s) are not preconditioned and get the plain momentum update -- "
