@@ -12,21 +12,24 @@ Not every indexing form is dear: a slice of the leading axis, ``x[:n]``, compile
 is. What costs is an integer index, a slice of a second axis, and shape arithmetic on tuples
 (``x.shape[1:]``, ``(0,) * rank``) inside a helper, so the helpers take their sizes as arguments.
 
-One choice is written with an explicit broadcast because of memory, not compile time: ``ops.where``
-with a 0-d condition and matrix operands (the guards' "keep the old value unless this step's is
-good") costs about six matrix-sized buffers per call in MindSpore 2.10 on CPU, allocated when the
-graph is compiled and held for the process's life (measured: 97 MB for one 2048 x 2048 float32
-choice, against nothing with the condition broadcast first). Summed over the factors and inverses
-of ResNet-50 that was most of the memory a K-FAC step needed (docs/performance.md). :func:`choose`
-broadcasts the condition to the operands' shape; the values are the same.
+Three helpers exist because of memory, not compile time. MindSpore 2.10's CPU kernels below hold
+buffers of several times their tensor's size for the process's life (measured on eight 2048 x 2048
+float32 matrices, docs/performance.md): ``ops.where`` with a 0-d condition and matrix operands, about six
+(at compile time); a Transpose, about 2.25 (at compile time); a broadcast product such as
+``u[:, None] * v[None, :]``, four to five (from the first run). Summed over the factors, inverses and
+conv patches of ResNet-50 they were most of the memory a K-FAC step needed. So :func:`choose`
+broadcasts the condition first, :func:`outer` is a matrix product with one inner term and
+:func:`gram` uses MatMul's transpose flag; each gives the same values as the form it replaces.
 """
 from mindspore import ops
 
-__all__ = ["first", "corner", "top_left", "transposed", "columns", "outer", "choose"]
+__all__ = ["first", "corner", "top_left", "transposed", "columns", "outer", "gram", "choose"]
 
 _SLICE = ops.Slice()
 _RESHAPE = ops.Reshape()
 _TRANSPOSE = ops.Transpose()
+_MATMUL_TA = ops.MatMul(transpose_a=True)
+_BATCH_MATMUL_TA = ops.BatchMatMul(transpose_a=True)
 
 
 def first(vector):
@@ -56,8 +59,14 @@ def columns(matrix, start, count):
 
 
 def outer(u, v):
-    """``u v'`` of two 1-D tensors (``ops.outer``)."""
-    return _RESHAPE(u, (-1, 1)) * _RESHAPE(v, (1, -1))
+    """``u v'`` of two 1-D tensors (``ops.outer``), as a matrix product with one inner term (no broadcast
+    kernel: module docstring)."""
+    return ops.matmul(_RESHAPE(u, (-1, 1)), _RESHAPE(v, (1, -1)))
+
+
+def gram(x):
+    """``x^T x`` of a matrix, or of each matrix of a (n, r, c) stack, without a Transpose kernel."""
+    return _BATCH_MATMUL_TA(x, x) if x.ndim == 3 else _MATMUL_TA(x, x)
 
 
 def choose(condition, on_true, on_false):

@@ -39,26 +39,20 @@ import math
 import mindspore as ms
 from mindspore import ops
 
+from .._graph import gram as _gram
+
 __all__ = ["kept_rows", "kept_examples", "output_sum", "dense_input_factor", "dense_output_factor",
            "conv_input_factor", "conv_output_factor", "conv_patches", "conv_positions", "same_padding", "dense_input_trace",
            "conv_input_trace", "output_trace",
            "unit_probe", "normalized_input", "unit_fisher", "unit_natural_gradient"]
 
 
-_MATMUL_TA = ops.MatMul(transpose_a=True)
 _MATMUL_TB = ops.MatMul(transpose_b=True)
-
-
 _BATCH_MATMUL_TB = ops.BatchMatMul(transpose_b=True)
 
 # From this many elements of a conv layer's (examples, dim, positions) patches or output gradients on,
 # their Gram is summed over per-example products when dim <= positions (below).
 BATCHED_GRAM_MIN = 1 << 20
-
-
-def _gram(rows_first):
-    """``X^T X`` for X of shape (rows, dim), without a Transpose kernel (``mindspore_ngd._graph``)."""
-    return _MATMUL_TA(rows_first, rows_first)
 
 
 def _position_gram(rows):

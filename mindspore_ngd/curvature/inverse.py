@@ -30,7 +30,7 @@ import mindspore as ms
 from mindspore import ops
 import mindspore.scipy.linalg as msla
 
-from .._graph import choose, transposed
+from .._graph import choose, gram, outer, transposed
 from .blocks import to_blocks
 
 __all__ = ["INVERSE_METHODS", "INVERSE_METHOD_CHOICES", "DEVICE_INVERSE_METHODS", "DAMPING_SPLITS",
@@ -90,10 +90,9 @@ def _plausible(m, diag, full_diag):
     Cauchy-Schwarz bound, up to a tolerance relative to the largest entry of the factor's diagonal
     ``full_diag``."""
     finite = ops.all(ops.isfinite(m))
-    # the products d_i d_j as a matrix product with one inner term: the same values as the broadcast
-    # product, without the broadcast kernel's run-time buffers (mindspore_ngd._graph)
+    # the products d_i d_j as matrix products with one inner term (no broadcast kernel: mindspore_ngd._graph)
     if m.ndim == 2:
-        products = ops.matmul(diag.reshape(-1, 1), diag.reshape(1, -1))
+        products = outer(diag, diag)
     else:
         products = ops.bmm(ops.expand_dims(diag, 2), ops.expand_dims(diag, 1))
     bound = ops.sqrt(ops.relu(products)) * (1.0 + _CS_RELATIVE_SLACK)
@@ -181,16 +180,6 @@ def jitter_of_trace(trace, jitter):
 
 def _matmul(a, b):
     return ops.bmm(a, b) if a.ndim == 3 else ops.matmul(a, b)
-
-
-_MATMUL_TA = ops.MatMul(transpose_a=True)
-_BATCH_MATMUL_TA = ops.BatchMatMul(transpose_a=True)
-
-
-def _gram_of(low):
-    """``low^T low`` of a matrix or of each matrix of a stack, without a Transpose kernel
-    (:mod:`mindspore_ngd._graph`)."""
-    return _BATCH_MATMUL_TA(low, low) if low.ndim == 3 else _MATMUL_TA(low, low)
 
 
 def _identity_like(blocks):
@@ -315,7 +304,7 @@ def damped_inverse(blocks, shift, method, jitter_shift, warm=None, trust_warm=No
     elif method == "cholesky":
         eye = _identity_like(blocks)
         low_inv = msla.solve_triangular(ops.cholesky(sym + total * eye), eye, lower=True)
-        inv = _gram_of(low_inv)
+        inv = gram(low_inv)
     elif method == "lu":
         inv = ops.MatrixInverse()(sym + total * _identity_like(blocks))
         inv = (inv + transposed(inv)) * 0.5
