@@ -29,7 +29,7 @@ def _cell(config_name, optimizer, batch_size, steps_per_epoch):
     from src.optimizer import build_optimizer
     from src.resnet import build_network
     config = load_config(config_name.format(optimizer=optimizer), {"optimizer": optimizer, "batch_size": batch_size})
-    network = build_network(config["net"], config["num_classes"], config["net_options"])
+    network = build_network(config["net"], config["class_num"], config["net_options"])
     opt, _, _ = build_optimizer(config, network, steps_per_epoch, extra={"verbose": False})
     loss = nn.CrossEntropyLoss(reduction="mean", label_smoothing=config["label_smooth_factor"])
     cell = nn.TrainOneStepCell(nn.WithLossCell(network, loss), opt, sens=config["loss_scale"])
@@ -61,7 +61,7 @@ def main(argv=None):
     batch = args.batch_size or first["batch_size"]
     rng = np.random.default_rng(0)
     x = Tensor(rng.standard_normal((batch, 3, first["image_size"], first["image_size"])).astype(np.float32))
-    y = Tensor((np.arange(batch) % first["num_classes"]).astype(np.int32))
+    y = Tensor((np.arange(batch) % first["class_num"]).astype(np.int32))
 
     cells, results = {}, {}
     for name in names:
