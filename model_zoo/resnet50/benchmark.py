@@ -1,10 +1,10 @@
 """Training throughput of several optimizers on one synthetic batch, measured side by side.
 
-    python model_zoo/resnet50/benchmark.py --config cpu_smoke --optimizers momentum,kfac,thor
-    python model_zoo/resnet50/benchmark.py --config 'resnet_cifar10_{optimizer}' --batch_size 32
+    python model_zoo/resnet50/benchmark.py --config_path cpu_smoke --optimizers momentum,kfac,thor
+    python model_zoo/resnet50/benchmark.py --config_path 'resnet_cifar10_{optimizer}' --batch_size 32
 
 Each optimizer's training cell (network, loss and optimizer built by the same factory as train.py,
-from the config's section; ``{optimizer}`` in ``--config`` is replaced by the optimizer's name) runs
+from the config's section; ``{optimizer}`` in ``--config_path`` is replaced by the optimizer's name) runs
 ``--rounds`` interleaved rounds of ``--steps`` steps on the same synthetic batch, so machine noise
 hits every optimizer alike. Reported per optimizer: the first call (graph compilation + step 0), the
 median step, the mean step over all rounds (refresh steps included, amortised) and images/s =
@@ -39,7 +39,7 @@ def _cell(config_name, optimizer, batch_size, steps_per_epoch):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="cpu_smoke", help="config name/file; '{optimizer}' is substituted")
+    parser.add_argument("--config_path", "--config", dest="config", default="cpu_smoke", help="config name/file; '{optimizer}' is substituted")
     parser.add_argument("--optimizers", default="momentum,kfac,thor,spngd")
     parser.add_argument("--batch_size", type=int, default=None, help="default: the config's")
     parser.add_argument("--rounds", type=int, default=4)

@@ -63,12 +63,14 @@ def _lean_model(network, loss, optimizer, metrics, manager, config):
     return Model(step, eval_network=evaluation, eval_indexes=[0, 1, 2], metrics=metrics)
 
 
-def _fit(model, config, train_data, eval_data, callbacks, initial_epoch, log):
+def _fit(model, config, train_data, eval_data, callbacks, initial_epoch):
     """Train, evaluating with ``Model.fit`` when there is evaluation data; the evaluation history.
 
     ``Model.fit`` evaluates after every ``valid_frequency`` epochs counted from the first; the
     config's ``eval_start_epoch`` is applied by listing the epochs (``valid_frequency`` takes a list).
     """
+    from src.callbacks import EvalRecorder
+
     sink = config["dataset_sink_mode"]
     if eval_data is None:
         model.train(config["epoch_size"], train_data, callbacks=callbacks, dataset_sink_mode=sink,
@@ -76,8 +78,7 @@ def _fit(model, config, train_data, eval_data, callbacks, initial_epoch, log):
         return []
     epochs = [e for e in range(config["eval_start_epoch"], config["epoch_size"] + 1)
               if (e - config["eval_start_epoch"]) % config["eval_interval"] == 0]
-    from src.callbacks import EvalRecorder
-    recorder = EvalRecorder(log)
+    recorder = EvalRecorder()
     model.fit(config["epoch_size"], train_data, valid_dataset=eval_data, valid_frequency=epochs or [0],
               callbacks=callbacks + [recorder], dataset_sink_mode=sink, valid_dataset_sink_mode=False,
               initial_epoch=initial_epoch)
@@ -163,7 +164,7 @@ def train(args, config):
         f"{'synthetic data' if config['data_path'] == 'synthetic' else config['data_path']}: "
         f"{steps_per_epoch} steps/epoch x {config['batch_size']} images x {group_size} device(s), "
         f"epochs {initial_epoch + 1}-{config['epoch_size']}, lr {lr_values[0]:.6g} -> {lr_values[-1]:.6g}")
-    history = _fit(model, config, train_data, eval_data, callbacks, initial_epoch, log)
+    history = _fit(model, config, train_data, eval_data, callbacks, initial_epoch)
 
     summary = {"rank": rank, "group_size": group_size, "optimizer": config["optimizer"],
                "config": config["config_path"], "steps_per_epoch": steps_per_epoch,

@@ -14,28 +14,27 @@ __all__ = ["EvalRecorder", "ThroughputMonitor"]
 
 
 class EvalRecorder(Callback):
-    """Print and keep the metrics of every evaluation ``Model.fit`` runs (``history``: one dict per
-    evaluation, with its epoch)."""
+    """Keep the metrics of every evaluation ``Model.fit`` runs (``history``: one dict per evaluation,
+    with its epoch), for the run's summary; ``Model.fit`` prints them itself."""
 
-    def __init__(self, printer=print):
+    def __init__(self):
         super().__init__()
-        self.printer = printer
         self.history = []
 
     def on_eval_end(self, run_context):
         params = run_context.original_args()
         result = {key: float(value) for key, value in params.metrics.items()}
         self.history.append({"epoch": params.cur_epoch_num, **result})
-        self.printer(f"eval epoch {params.cur_epoch_num}: "
-                     + ", ".join(f"{key} {value:.4f}" for key, value in sorted(result.items())))
 
 
 class ThroughputMonitor(TimeMonitor):
     """``TimeMonitor`` (it prints the epoch and per-step times) that also records images/s per epoch and
     writes a JSON summary at the end of training.
 
-    One timer serves both: the epoch's seconds are ``TimeMonitor``'s own ``epoch_time`` mark. Evaluation
-    epochs (``Model.fit``) are timed and printed by ``TimeMonitor`` but not recorded. The first
+    One timer serves both: the epoch's seconds are ``TimeMonitor``'s own ``epoch_time`` mark. ``Model.fit``
+    evaluates inside the training epoch, before the epoch's end callbacks, and ``TimeMonitor`` times
+    that evaluation with the same mark; the mark is moved on by the evaluation's duration afterwards,
+    so the training epoch's time (printed and recorded) leaves the evaluation out. The first
     epoch of a run includes graph compilation, so the summary's ``images_per_s`` averages the later
     epochs (all epochs if there is only one). ``images_per_s`` is per device; the global rate is
     ``images_per_s * group_size``.
@@ -45,6 +44,18 @@ class ThroughputMonitor(TimeMonitor):
         super().__init__()
         self.batch_size, self.group_size, self.path, self.printer = batch_size, group_size, path, printer
         self.epochs = []
+        self._train_mark = None
+
+    def on_eval_epoch_begin(self, run_context):
+        self._train_mark = self.epoch_time
+        super().on_eval_epoch_begin(run_context)
+
+    def on_eval_epoch_end(self, run_context):
+        evaluation = time.time() - self.epoch_time
+        super().on_eval_epoch_end(run_context)
+        if self._train_mark is not None:
+            self.epoch_time = self._train_mark + evaluation
+            self._train_mark = None
 
     def on_train_epoch_end(self, run_context):
         seconds = time.time() - self.epoch_time
