@@ -358,10 +358,11 @@ def newton_inverse(sym, total, warm=None, trust_warm=None, steps=None, tolerance
     Then ``refinements`` (default :data:`NEWTON_REFINEMENTS`) steps ``X <- X + X (I - M X)`` with the
     residual from :func:`split_product` (accurate whatever the products' precision). The estimated
     relative error ``||X R||_F / ||X||_F`` of the last correction (the error of the iterate before
-    it) must be finite and below ``accept`` (default :data:`NEWTON_ACCEPT` of ``products``), and the
-    last step's ``||I - gamma R||_F`` below ``tolerance`` (default :data:`NEWTON_TOLERANCE`), for
-    ``converged``. An indefinite ``sym`` (an eigenvalue below ``-total``) makes the iteration diverge
-    and fails the test. With ``refinements=0`` only the tolerance test applies.
+    it, ``R = I - M X`` being ``M E`` for the error ``E``) must be finite and below ``accept`` (default
+    :data:`NEWTON_ACCEPT` of ``products``) for ``converged``. An indefinite ``sym`` (an eigenvalue
+    below ``-total``) makes the iteration diverge and fails the test. With ``refinements=0`` the test
+    is the old one: the last step's ``||I - gamma R||_F`` below ``tolerance`` (default
+    :data:`NEWTON_TOLERANCE`), which bounds the relative error by ``tolerance^2``.
     """
     if products not in PRODUCT_PRECISIONS:
         raise ValueError(f"products must be one of {PRODUCT_PRECISIONS}, got {products!r}")
@@ -408,8 +409,10 @@ def newton_inverse(sym, total, warm=None, trust_warm=None, steps=None, tolerance
         estimate = _frobenius(correction) / _frobenius(x)
         x = x + correction
     if refinements:
-        good = ops.logical_and(ops.all(ops.isfinite(estimate)), ops.all(estimate < accept))
-        converged = ops.logical_and(converged, good)
+        # the estimate replaces the step test: ||I - M X|| can stay O(1) while X is accurate (the
+        # residual is M E, large along M's large eigenvalues; measured 0.32 with split products at
+        # D = 1024, shift 1e-3, for an error of 6e-6), whereas ||X R|| / ||X|| ~ ||E|| / ||X||
+        converged = ops.logical_and(ops.all(ops.isfinite(estimate)), ops.all(estimate < accept))
     return (x + transposed(x)) * 0.5, converged, warm_used
 
 
