@@ -178,13 +178,13 @@ def test_split_newton_delivers_on_large_power_law_factors(case):
 
 
 # ------------------------------------------------------------------ ResNet-style factors
-def _check_conv(channels, dampings, split_dim, products="float16"):
+def _check_conv(channels, dampings, split_dim, products="float16", split="pi"):
     a, g = conv_layer_factors(channels)
     for name, m in (("A", a), ("G", g)):
         layout = BlockLayout.of(m.shape[0], split_dim)
         cell = _Damped("newton_split", products, layout)
         for damping in dampings:
-            shift_a, shift_g = damping_shifts(a, g, damping, "pi")
+            shift_a, shift_g = damping_shifts(a, g, damping, split)
             shift = shift_a if name == "A" else shift_g
             inv, blocks, ok = cell(Tensor(m.astype(np.float32)), Tensor(np.float32(shift)))
             blocks64 = blocks.asnumpy().astype(np.float64)
@@ -198,12 +198,15 @@ def test_split_newton_on_conv_factors_with_float16_products():
     at damping 1e-4 (adaptive damping's floor is the given damping) to 1e-1."""
     _check_conv(32, [1e-4, 1e-2, 1e-1], None)
     _check_conv(32, [1e-4, 1e-2], 128)
+    _check_conv(32, [0.0013], 128, split="sqrt")
 
 
 @pytest.mark.slow
 def test_split_newton_on_resnet50_sized_conv_factors_in_blocks():
-    """A of size 4608 (512 channels x 3 x 3) in 36 blocks of 128 and G of size 512, THOR-style."""
+    """A of size 4608 (512 channels x 3 x 3) in 36 blocks of 128 and G of size 512, THOR-style: the
+    pi split at 1e-4 and 1e-2, and THOR's sqrt split over its recipe's range (0.03 decaying to 0.0013)."""
     _check_conv(512, [1e-4, 1e-2], 128)
+    _check_conv(512, [0.03, 0.0013], 128, split="sqrt")
 
 
 # ------------------------------------------------------------------ configuration
