@@ -92,7 +92,7 @@ def test_float16_products_round_the_inputs_and_accumulate_in_float32():
 
 
 def test_split_products_are_float16_exact_and_float32_accurate():
-    """Row/column power-of-two scaling, hi/lo float16 parts: the same result whether or not the
+    """Row/column scaling, hi/lo float16 parts: the same result whether or not the
     inputs are rounded to float16, within ~2^-21 of the float64 product relative to |a| |b| even
     for rows spanning 8 orders of magnitude (fp16's own range is 2^-24 .. 65504)."""
     rng = np.random.default_rng(1)
