@@ -106,4 +106,9 @@ DEFAULT_DIFFERENCES = {
         "`nn.thor` has no KL clipping, so THOR has none by default (None); KFAC and SPNGD clip at 1e-3 "
         "(Ba et al. 2017): without it both diverged on the digits CNN at lr 0.05, damping 1e-2."
     ),
+    "split_dim": (
+        "THOR inverts factors above 128 as 128-blocks, as `nn.thor` does (Ascend's cube size); KFAC and "
+        "SPNGD invert whole factors (None), the exact Kronecker-factored inverse. On Ascend, pass 128 for "
+        "lightly damped factors larger than 2048 (docs/algorithms.md, Newton-Schulz in device precision)."
+    ),
 }

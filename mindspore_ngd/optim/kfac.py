@@ -48,9 +48,13 @@ class KFAC(NGDOptimizer):
         damping_split (str): "pi" or "sqrt". Default "pi".
         kl_clip (Optional[float]): KL-clipping bound > 0, or None. Default 1e-3.
         inverse_method (str): "auto" (default: the path of the device target when the optimizer is
-            constructed -- CPU "cholesky", GPU "lu", Ascend "newton"; ``opt.inverse_method`` holds the
-            choice), "cholesky" (fastest measured on CPU), "lu", "eigh" (robust) or "newton" (matrix
-            products only, warm-started; see docs/algorithms.md).
+            constructed -- CPU "cholesky", GPU "lu", Ascend "newton_split"; ``opt.inverse_method``
+            holds the choice), "cholesky" (fastest measured on CPU), "lu", "eigh" (robust), "newton"
+            (matrix products only, warm-started) or "newton_split" (the same with float16-exact split
+            products, for devices that round products' inputs to float16; see docs/algorithms.md).
+        split_dim (Optional[int]): invert factors larger than this as block-diagonal matrices of
+            blocks of this size, as THOR does (e.g. 128 on Ascend for lightly damped factors of 1024
+            and more); None (default) inverts whole factors.
         jitter (float): extra damping ``jitter * trace`` for float32 safety (>= 0). Default 1e-6.
         nesterov (bool): the former spelling of ``use_nesterov``, still accepted (DeprecationWarning).
         decay_filter (callable): ``Parameter -> bool`` choosing weight-decayed parameters; default
@@ -89,9 +93,10 @@ class KFAC(NGDOptimizer):
                  jitter=1e-6, decay_filter=None, skip_layers=(), fisher="empirical", verbose=None,
                  distributed="auto", grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, divergence_growth=1e3, params=None, strict=False,
-                 stat_fraction=1.0, stat_stride=1, nesterov=None):
+                 stat_fraction=1.0, stat_stride=1, nesterov=None, split_dim=None):
         policy = Policy(name="kfac", refresh=FixedInterval(factor_update_interval, inverse_update_interval),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip, jitter=jitter,
+                        split_dim=split_dim,
                         fisher=fisher, adaptive_damping=adaptive_damping, stat_fraction=stat_fraction,
                         stat_stride=stat_stride)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,

@@ -31,11 +31,11 @@ class Policy:
             on each factor) or "positions" (MindSpore's THOR: ``sqrt(damping T)`` on A and
             ``sqrt(damping / T)`` on G, T the output positions of a Conv2d, 1 for a Dense; see
             :func:`mindspore_ngd.curvature.inverse.split_damping`).
-        inverse_method: "auto" (default), "cholesky", "lu", "eigh" or "newton" (see
+        inverse_method: "auto" (default), "cholesky", "lu", "eigh", "newton" or "newton_split" (see
             :mod:`mindspore_ngd.curvature.inverse`). "auto" is resolved when the optimizer is
             constructed, from ``mindspore.get_context("device_target")``, through
             ``mindspore_ngd.curvature.inverse.DEVICE_INVERSE_METHODS`` (CPU: "cholesky", GPU: "lu",
-            Ascend: "newton"); the optimizer's ``policy`` holds the resolved name.
+            Ascend: "newton_split"); the optimizer's ``policy`` holds the resolved name.
         kl_clip: KL-clipping bound, or None for no rescaling.
         jitter: extra damping ``jitter * trace(factor)`` that keeps float32 Cholesky safe.
         split_dim: invert factors larger than this as block-diagonal with blocks of this size

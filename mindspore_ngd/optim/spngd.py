@@ -72,7 +72,8 @@ class SPNGD(NGDOptimizer):
         kl_clip (Optional[float]): KL-clipping bound > 0, or None. Default 1e-3 (the paper uses none;
             without it SP-NGD and K-FAC diverge on the digits CNN at lr 0.05, damping 1e-2).
         inverse_method (str): "auto" (default: the device target's path, as :class:`KFAC`),
-            "cholesky", "lu", "eigh" or "newton".
+            "cholesky", "lu", "eigh", "newton" or "newton_split".
+        split_dim (Optional[int]): block-split inversion of large factors, as :class:`KFAC`. Default None.
         jitter (float): extra damping ``jitter * trace`` for float32 safety. Default 1e-6.
         nesterov (bool): the former spelling of ``use_nesterov``, still accepted (DeprecationWarning).
         decay_filter (callable): ``Parameter -> bool``; default decays parameters with 2+ dimensions.
@@ -100,11 +101,12 @@ class SPNGD(NGDOptimizer):
                  decay_filter=None, skip_layers=(), verbose=None, distributed="auto",
                  grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, divergence_growth=1e3, params=None, strict=False,
-                 stat_fraction=1.0, stat_stride=1, refresh_measure="damped", nesterov=None):
+                 stat_fraction=1.0, stat_stride=1, refresh_measure="damped", nesterov=None, split_dim=None):
         floor = _validate.non_negative_float("weight_decay", weight_decay)
         policy = Policy(name="spngd", refresh=StaleIntervals(refresh_threshold, max_interval, stale, refresh_measure),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip,
                         jitter=jitter, batchnorm_damping=batchnorm_damping, damping_floor=floor, fisher=fisher,
+                        split_dim=split_dim,
                         adaptive_damping=adaptive_damping, stat_fraction=stat_fraction, stat_stride=stat_stride)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,

@@ -59,7 +59,7 @@ class THOR(NGDOptimizer):
     None, default None), ``frequency_growth`` (float >= 1, default 1), ``max_frequency`` (int or
     None), ``damping_split`` ("positions"; "sqrt" or "pi" as :class:`mindspore_ngd.KFAC`), ``factor_decay`` (0: each refresh uses its own batch),
     ``kl_clip`` (None), ``inverse_method`` ("auto": the device target's path, as :class:`mindspore_ngd.KFAC`; or
-    "cholesky", "lu", "eigh", "newton"), ``jitter`` (1e-6), ``verbose`` (None), ``strict`` (False: a layer that
+    "cholesky", "lu", "eigh", "newton", "newton_split"), ``jitter`` (1e-6), ``verbose`` (None), ``strict`` (False: a layer that
     captures nothing is demoted to the plain update with a WARNING), ``adaptive_damping`` (True),
     ``divergence_patience`` (10) and ``divergence_growth`` (1e3) as :class:`mindspore_ngd.KFAC`, and the
     distributed knobs ``distributed`` ("auto"), ``grad_worker_fraction`` (None: 1/N) and ``balance``

@@ -48,7 +48,7 @@ def test_nan_batch_leaves_weights_finite_and_is_counted():
     assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
 
 
-@pytest.mark.parametrize("method", ["cholesky", "lu", "eigh", "newton"])
+@pytest.mark.parametrize("method", ["cholesky", "lu", "eigh", "newton", "newton_split"])
 @pytest.mark.parametrize("corruption", ["nan", "indefinite"])
 def test_corrupt_factor_keeps_previous_inverse(method, corruption):
     ms.set_seed(0)
