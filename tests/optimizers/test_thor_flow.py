@@ -69,8 +69,11 @@ def test_the_converted_model_trains_thor_as_model_train_does():
     assert opt.demoted_layers() == [] and all(a > 0 and g > 0 for a, g in opt.factor_updates().values())
 
 
-def test_the_converted_model_trains_thor_in_float16_with_amp_o2():
-    weights, opt = _flow("O2")
+@pytest.mark.parametrize("amp_level", ["O2", "O3"])
+def test_the_converted_model_trains_thor_in_float16(amp_level):
+    """O2 (with keep_batchnorm_fp32=False, as the models repository's train.py passes it) and O3 (the
+    whole network in float16)."""
+    weights, opt = _flow(amp_level)
     expected, start = _plain_thor()
     assert opt.state_counters()["step"] == STEPS and opt.state_counters()["skipped_steps"] == 0
     assert opt.demoted_layers() == [] and all(a > 0 and g > 0 for a, g in opt.factor_updates().values())
