@@ -722,7 +722,7 @@ def compile_times(optimizers, steps=5, config="cpu_smoke", batch=None):
         size = batch or settings["batch_size"]
         rng = np.random.default_rng(0)
         x = Tensor(rng.standard_normal((size, 3, settings["image_size"], settings["image_size"])).astype(np.float32))
-        y = Tensor((np.arange(size) % settings["num_classes"]).astype(np.int32))
+        y = Tensor((np.arange(size) % settings["class_num"]).astype(np.int32))
         ms.set_seed(0)
         cell = _zoo_cell(zoo_benchmark, config, name, size, steps + 1)
         start = time.perf_counter()

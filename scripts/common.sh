@@ -47,21 +47,35 @@ resolve_data_path() {
     fi
 }
 
-# CONFIG DATA_PATH -> the variables config and data_path (for the caller)
-read_config_and_data() {
+# DATASET_PATH CONFIG_PATH (the models repository's order) -> the variables data_path and config
+read_data_and_config() {
     # shellcheck disable=SC2034
-    config="$(resolve_config "$1")"
+    data_path="$(resolve_data_path "$1")"
     # shellcheck disable=SC2034
-    data_path="$(resolve_data_path "$2")"
+    config="$(resolve_config "$2")"
 }
 
-# DEVICE_NUM CONFIG DATA_PATH (at least) -> device_num, config, data_path
-read_device_config_and_data() {
-    [[ $# -ge 3 ]] || die_usage "expected DEVICE_NUM, CONFIG and DATA_PATH, got $# argument(s)"
-    check_count DEVICE_NUM "$1"
-    # shellcheck disable=SC2034
-    device_num="$1"
-    read_config_and_data "$2" "$3"
+# The optional positional arguments after CONFIG_PATH, as in the models repository: RESUME_CKPT, or
+# RUN_EVAL (True/False) and EVAL_DATASET_PATH. Sets optional_args (train.py options) and consumed (how
+# many arguments they took); an argument that starts with '-' is a train.py option, not one of these.
+read_optional_positionals() {
+    optional_args=()
+    consumed=0
+    [[ $# -ge 1 && "$1" != -* ]] || return 0
+    case "${1,,}" in
+        true|false)
+            [[ $# -ge 2 && "$2" != -* ]] || die_usage "RUN_EVAL '$1' must be followed by EVAL_DATASET_PATH"
+            local eval_path
+            eval_path="$(resolve_data_path "$2")"
+            optional_args=(--run_eval "$1" --eval_dataset_path "${eval_path}")
+            consumed=2
+            ;;
+        *)
+            [[ -f "$1" ]] || die_usage "RESUME_CKPT '$1' is not a file"
+            optional_args=(--resume_ckpt "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")")
+            consumed=1
+            ;;
+    esac
 }
 
 check_count() {   # NAME VALUE: a positive integer

@@ -1,18 +1,23 @@
-"""Generate docs/api.md from the public API of mindspore_ngd, so that the reference cannot drift.
+"""Generate docs/api.md (the public API) and docs/developer.md (the internals) of mindspore_ngd
+from its docstrings and signatures, so that neither reference can drift.
 
-    python scripts/gen_api_docs.py            # (re)write docs/api.md
-    python scripts/gen_api_docs.py --check    # exit 1, with a diff, if docs/api.md is out of date
+    python scripts/gen_api_docs.py            # (re)write docs/api.md and docs/developer.md
+    python scripts/gen_api_docs.py --check    # exit 1, with a diff, if either is out of date
 
 What is documented, in this order:
 
-* every name in ``mindspore_ngd.__all__``, then every name in the ``__all__`` of the public
-  sub-packages listed in :data:`MODULES` that define one (a sub-package without ``__all__`` is
-  skipped), each in its ``__all__`` order;
+* docs/api.md: every name in ``mindspore_ngd.__all__``, then every name in the ``__all__`` of the
+  public sub-packages listed in :data:`MODULES` that define one (a sub-package without ``__all__`` is
+  skipped), each in its ``__all__`` order, except the names of :data:`INTERNAL`;
+* docs/developer.md: the names of :data:`INTERNAL` (exported for the tests, the benchmarks and the
+  model zoo, not for users), in the same form;
 * for each name: the signature from :func:`inspect.signature` and the docstring cleaned by
-  :func:`inspect.getdoc`; for a class also its public methods and properties, those defined in the
-  class itself (methods inherited from another ``mindspore_ngd`` class are listed by name with a link;
+  :func:`inspect.getdoc`; for a class also its public methods and properties: those defined in the
+  class itself, and those it inherits from a ``mindspore_ngd`` base class that is not documented
+  itself (``NGDOptimizer`` shows ``summary()``, ``parallel_state()``, ... of its ``Inspection``
+  mix-in). A method inherited from a documented class is listed by name with a link to it.
   MindSpore's own ``Cell`` / ``Optimizer`` / ``Callback`` methods, and the hooks that override them
-  such as ``construct``, are left out);
+  such as ``construct``, are left out;
 * after the list of modules, the table of the arguments KFAC, SPNGD and THOR all take whose defaults
   differ: defaults from the signatures, reasons from ``mindspore_ngd.optim.argdocs.DEFAULT_DIFFERENCES``
   (generation fails when an argument whose defaults differ has no reason there);
@@ -35,9 +40,17 @@ import sys
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 API_PATH = os.path.join("docs", "api.md")
+DEVELOPER_PATH = os.path.join("docs", "developer.md")
 
 # the package first, then its public sub-packages (documented when they define __all__)
 MODULES = ("mindspore_ngd", "mindspore_ngd.schedule", "mindspore_ngd.parallel", "mindspore_ngd.train")
+
+# names exported by a public sub-package for the package's own use (tests, benchmarks, model zoo):
+# documented in docs/developer.md, not in docs/api.md
+INTERNAL = {
+    "mindspore_ngd.parallel": ("OwnershipPlan", "PackLayout", "WorkItem", "lpt_assign", "pack_layout",
+                               "plan_ownership", "tri_size"),
+}
 
 # methods of a documented class that users do not call themselves (besides the framework hooks
 # that _own_members leaves out)
@@ -170,14 +183,34 @@ def _own_members(cls):
     return members
 
 
-def _inherited_members(cls):
-    """``(owner, name)`` of public methods/properties inherited from other mindspore_ngd classes."""
-    seen = {name for name, _, _ in _own_members(cls)}
+def _shown_members(cls, documented):
+    """The members rendered under ``cls``: its own, then those of its ``mindspore_ngd`` base classes
+    that are not documented themselves (mix-ins such as ``Inspection``), in MRO order. Members that
+    come through a documented base class are rendered there (``KFAC`` links to ``NGDOptimizer``'s)."""
+    through_documented = set()
+    for base in cls.__mro__[1:]:
+        if _is_package_class(base) and id(base) in documented:
+            through_documented.update(base.__mro__)
+    members, seen = [], set()
+    for owner in cls.__mro__:
+        if owner is not cls and (not _is_package_class(owner) or owner in through_documented):
+            continue
+        for name, kind, value in _own_members(owner):
+            if name not in seen:
+                seen.add(name)
+                members.append((name, kind, value))
+    return members
+
+
+def _inherited_members(cls, documented):
+    """``(documented base, name)`` of the public methods/properties ``cls`` inherits from a documented
+    ``mindspore_ngd`` class (where they are rendered)."""
+    seen = {name for name, _, _ in _shown_members(cls, documented)}
     inherited = []
     for base in cls.__mro__[1:]:
-        if not _is_package_class(base):
+        if not _is_package_class(base) or id(base) not in documented:
             continue
-        for name, _, _ in _own_members(base):
+        for name, _, _ in _shown_members(base, documented):
             if name not in seen:
                 seen.add(name)
                 inherited.append((base, name))
@@ -214,9 +247,9 @@ def _render_object(module_name, name, obj, documented):
             lines += [signature, ""]
         lines += [_docstring_block(obj), ""]
         if inspect.isclass(obj):
-            for member_name, member_kind, value in _own_members(obj):
+            for member_name, member_kind, value in _shown_members(obj, documented):
                 lines += _render_member(qualified, member_name, member_kind, value)
-            inherited = _inherited_members(obj)
+            inherited = _inherited_members(obj, documented)
             if inherited:
                 links = []
                 for base, member in inherited:
@@ -230,19 +263,33 @@ def _render_object(module_name, name, obj, documented):
 
 
 # ---------------------------------------------------------------------- the document
-def _public_modules():
+def _modules(internal):
+    """``(module name, module, names)`` of the public API (``internal=False``) or of the internals."""
     modules = []
     for module_name in MODULES:
         module = importlib.import_module(module_name)
         names = getattr(module, "__all__", None)
-        if names is not None:
-            modules.append((module_name, module, list(names)))
+        if names is None:
+            continue
+        hidden = INTERNAL.get(module_name, ())
+        chosen = [n for n in names if (n in hidden) == internal]
+        if chosen:
+            modules.append((module_name, module, chosen))
     return modules
 
 
-def render():
-    """The text of docs/api.md for the mindspore_ngd that ``import mindspore_ngd`` finds."""
-    modules = _public_modules()
+_HEADER = [
+    "<!-- Generated by scripts/gen_api_docs.py from the docstrings and signatures of mindspore_ngd.",
+    "     Do not edit by hand: change the code, then run `python scripts/gen_api_docs.py`;",
+    "     tests/test_api_docs.py fails when this file is out of date. -->",
+    "",
+]
+
+
+def render(internal=False):
+    """The text of docs/api.md (``internal=False``) or docs/developer.md (``internal=True``) for the
+    mindspore_ngd that ``import mindspore_ngd`` finds."""
+    modules = _modules(internal)
     # where each class or function is documented first: re-exports link there, and subclasses link
     # to the inherited methods
     documented = {}
@@ -252,27 +299,34 @@ def render():
             if (inspect.isclass(obj) or inspect.isfunction(obj)) and id(obj) not in documented:
                 documented[id(obj)] = f"{module_name}.{name}"
     package = importlib.import_module("mindspore_ngd")
-    lines = [
-        "# API reference",
-        "",
-        "<!-- Generated by scripts/gen_api_docs.py from the docstrings and signatures of mindspore_ngd.",
-        "     Do not edit by hand: change the code, then run `python scripts/gen_api_docs.py`;",
-        "     tests/test_api_docs.py fails when this file is out of date. -->",
-        "",
-        f"Generated from `mindspore_ngd` {getattr(package, '__version__', '')}: every name in the `__all__` "
-        "of the modules below, with its signature and docstring. How the pieces fit together is in "
-        "[algorithms.md](algorithms.md) and [distributed.md](distributed.md).",
-        "",
-    ]
+    version = getattr(package, "__version__", "")
+    if internal:
+        lines = ["# Developer reference", ""] + _HEADER + [
+            f"Generated from `mindspore_ngd` {version}: the names the package exports for its own tests, "
+            "benchmarks and model zoo. They are not part of the public API ([api.md](api.md)) and may "
+            "change without notice. How they are used is in [distributed.md](distributed.md) and "
+            "[algorithms.md](algorithms.md).",
+            "",
+        ]
+    else:
+        lines = ["# API reference", ""] + _HEADER + [
+            f"Generated from `mindspore_ngd` {version}: every public name, with its signature and docstring; "
+            "for the optimizers also the inspection methods (`summary()`, `parallel_state()`, "
+            "`demoted_layers()`, ...) under [`NGDOptimizer`](#mindspore_ngdngdoptimizer). How the pieces fit "
+            "together is in [algorithms.md](algorithms.md) and [distributed.md](distributed.md); the names "
+            "the package exports for its own use are in [developer.md](developer.md).",
+            "",
+        ]
     for module_name, _, names in modules:
         links = ", ".join(f"[`{n}`](#{_anchor(f'{module_name}.{n}')})" for n in names)
         lines.append(f"- `{module_name}`: {links}")
     lines.append("")
-    lines += _default_differences()
+    if not internal:
+        lines += _default_differences()
     for module_name, module, names in modules:
         lines += [f"## `{module_name}`", ""]
         doc = inspect.getdoc(module)
-        if doc:
+        if doc and not internal:
             lines += ["```text", _clean(doc), "```", ""]
         for name in names:
             if not hasattr(module, name):
@@ -322,49 +376,66 @@ def _ensure_importable(root):
         sys.path.insert(0, root)
 
 
+def _documents():
+    """``(relative path, internal)`` of the generated files."""
+    return ((API_PATH, False), (DEVELOPER_PATH, True))
+
+
 def check(root=REPO_ROOT):
-    """``(up_to_date, message)`` comparing ``root/docs/api.md`` with what :func:`render` produces."""
+    """``(up_to_date, message)`` comparing ``root/docs/api.md`` and ``root/docs/developer.md`` with what
+    :func:`render` produces."""
     _ensure_importable(root)
-    expected = render()
-    path = os.path.join(root, API_PATH)
+    for relative, internal in _documents():
+        ok, message = _check_one(root, relative, render(internal))
+        if not ok:
+            return ok, message
+    return True, f"{API_PATH} and {DEVELOPER_PATH} are up to date"
+
+
+def _check_one(root, relative, expected):
+    path = os.path.join(root, relative)
     try:
         with open(path, encoding="utf-8") as handle:
             current = handle.read()
     except FileNotFoundError:
-        return False, f"{API_PATH} does not exist; run: python scripts/gen_api_docs.py"
+        return False, f"{relative} does not exist; run: python scripts/gen_api_docs.py"
     if current == expected:
-        return True, f"{API_PATH} is up to date"
+        return True, f"{relative} is up to date"
     diff = list(difflib.unified_diff(current.splitlines(), expected.splitlines(),
-                                     f"{API_PATH} (committed)", f"{API_PATH} (generated)", lineterm="", n=2))
+                                     f"{relative} (committed)", f"{relative} (generated)", lineterm="", n=2))
     shown = diff[:80] + ([f"... {len(diff) - 80} more diff lines"] if len(diff) > 80 else [])
     package = sys.modules.get("mindspore_ngd")
     source = os.path.dirname(os.path.dirname(os.path.abspath(package.__file__))) if package else "?"
     note = "" if os.path.abspath(source) == os.path.abspath(root) else \
         f"\nnote: the mindspore_ngd documented was imported from {source}, not from {root}"
-    return False, (f"{API_PATH} is out of date with the docstrings/signatures; regenerate it with:\n"
+    return False, (f"{relative} is out of date with the docstrings/signatures; regenerate it with:\n"
                    f"    python scripts/gen_api_docs.py\n" + "\n".join(shown) + note)
 
 
 def write(root=REPO_ROOT):
-    """Write ``root/docs/api.md``; returns its path."""
+    """Write ``root/docs/api.md`` and ``root/docs/developer.md``; returns their paths."""
     _ensure_importable(root)
-    path = os.path.join(root, API_PATH)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(render())
-    return path
+    paths = []
+    for relative, internal in _documents():
+        path = os.path.join(root, relative)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(render(internal))
+        paths.append(path)
+    return paths
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Generate docs/api.md from mindspore_ngd's docstrings.")
+    parser = argparse.ArgumentParser(description="Generate docs/api.md and docs/developer.md from mindspore_ngd's "
+                                                 "docstrings.")
     parser.add_argument("--check", action="store_true",
-                        help="do not write; exit 1 with a diff if docs/api.md differs from the generated text")
+                        help="do not write; exit 1 with a diff if a file differs from the generated text")
     args = parser.parse_args(argv)
     if args.check:
         ok, message = check()
         print(message, file=sys.stdout if ok else sys.stderr)
         return 0 if ok else 1
-    print(f"wrote {os.path.relpath(write())}")
+    print("wrote " + ", ".join(os.path.relpath(path) for path in write()))
     return 0
 
 

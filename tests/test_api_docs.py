@@ -1,5 +1,6 @@
-"""docs/api.md is generated from the docstrings and signatures (scripts/gen_api_docs.py): it must be
-up to date, so that the API reference cannot drift from the code.
+"""docs/api.md (the public API) and docs/developer.md (the internals) are generated from the
+docstrings and signatures (scripts/gen_api_docs.py): they must be up to date, so that neither
+reference can drift from the code.
 
 If this fails after a change to a public signature or docstring, regenerate the file:
 
@@ -44,6 +45,25 @@ def test_api_docs_cover_the_public_names():
         text = handle.read()
     for name in mindspore_ngd.__all__:
         assert f"### `mindspore_ngd.{name}`" in text, name
+
+
+def test_api_docs_hold_the_public_surface_and_developer_docs_the_internals():
+    """The inspection methods users are told to call are documented in api.md (under NGDOptimizer,
+    linked from each optimizer); the planning internals only in developer.md."""
+    root = _repo_root()
+    with open(os.path.join(root, "docs", "api.md"), encoding="utf-8") as handle:
+        api = handle.read()
+    with open(os.path.join(root, "docs", "developer.md"), encoding="utf-8") as handle:
+        developer = handle.read()
+    for method in ("summary", "parallel_state", "demoted_layers", "state_counters", "factor_updates"):
+        assert f"#### `mindspore_ngd.NGDOptimizer.{method}`" in api, method
+        for cls in ("KFAC", "SPNGD", "THOR"):
+            section = api.split(f"### `mindspore_ngd.{cls}`", 1)[1].split("\n### ", 1)[0]
+            assert f"(#mindspore_ngdngdoptimizer{method})" in section, (cls, method)
+    assert "Inspection." not in api
+    for name in _generator(root).INTERNAL["mindspore_ngd.parallel"]:
+        assert f"### `mindspore_ngd.parallel.{name}`" in developer, name
+        assert f"### `mindspore_ngd.parallel.{name}`" not in api, name
 
 
 def test_defaults_that_differ_are_tabled_with_a_reason(monkeypatch):

@@ -1,10 +1,10 @@
 """Training throughput of several optimizers on one synthetic batch, measured side by side.
 
-    python model_zoo/resnet50/benchmark.py --config cpu_smoke --optimizers momentum,kfac,thor
-    python model_zoo/resnet50/benchmark.py --config 'resnet_cifar10_{optimizer}' --batch_size 32
+    python model_zoo/resnet50/benchmark.py --config_path cpu_smoke --optimizers momentum,kfac,thor
+    python model_zoo/resnet50/benchmark.py --config_path 'resnet_cifar10_{optimizer}' --batch_size 32
 
 Each optimizer's training cell (network, loss and optimizer built by the same factory as train.py,
-from the config's section; ``{optimizer}`` in ``--config`` is replaced by the optimizer's name) runs
+from the config's section; ``{optimizer}`` in ``--config_path`` is replaced by the optimizer's name) runs
 ``--rounds`` interleaved rounds of ``--steps`` steps on the same synthetic batch, so machine noise
 hits every optimizer alike. Reported per optimizer: the first call (graph compilation + step 0), the
 median step, the mean step over all rounds (refresh steps included, amortised) and images/s =
@@ -29,7 +29,7 @@ def _cell(config_name, optimizer, batch_size, steps_per_epoch):
     from src.optimizer import build_optimizer
     from src.resnet import build_network
     config = load_config(config_name.format(optimizer=optimizer), {"optimizer": optimizer, "batch_size": batch_size})
-    network = build_network(config["net"], config["num_classes"], config["net_options"])
+    network = build_network(config["net"], config["class_num"], config["net_options"])
     opt, _, _ = build_optimizer(config, network, steps_per_epoch, extra={"verbose": False})
     loss = nn.CrossEntropyLoss(reduction="mean", label_smoothing=config["label_smooth_factor"])
     cell = nn.TrainOneStepCell(nn.WithLossCell(network, loss), opt, sens=config["loss_scale"])
@@ -39,7 +39,7 @@ def _cell(config_name, optimizer, batch_size, steps_per_epoch):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="cpu_smoke", help="config name/file; '{optimizer}' is substituted")
+    parser.add_argument("--config_path", "--config", dest="config", default="cpu_smoke", help="config name/file; '{optimizer}' is substituted")
     parser.add_argument("--optimizers", default="momentum,kfac,thor,spngd")
     parser.add_argument("--batch_size", type=int, default=None, help="default: the config's")
     parser.add_argument("--rounds", type=int, default=4)
@@ -61,7 +61,7 @@ def main(argv=None):
     batch = args.batch_size or first["batch_size"]
     rng = np.random.default_rng(0)
     x = Tensor(rng.standard_normal((batch, 3, first["image_size"], first["image_size"])).astype(np.float32))
-    y = Tensor((np.arange(batch) % first["num_classes"]).astype(np.int32))
+    y = Tensor((np.arange(batch) % first["class_num"]).astype(np.int32))
 
     cells, results = {}, {}
     for name in names:

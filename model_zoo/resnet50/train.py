@@ -1,15 +1,18 @@
 """Train ResNet-50 v1.5 (or the CIFAR-style ResNet) with Momentum, K-FAC, THOR or SP-NGD.
 
-    python train.py --config cpu_smoke --data_path synthetic
-    python train.py --config resnet50_imagenet2012_thor_8p --data_path /data/imagenet --resume CKPT
+    python train.py --config_path cpu_smoke --data_path synthetic
+    python train.py --config_path resnet50_imagenet2012_thor_8p --data_path /data/imagenet --resume_ckpt CKPT
 
-Everything comes from the YAML config (``--config``: a file, or a name in ``configs/``), overridable
-per key on the command line (``--epoch_size 2``, ``--set kfac.damping=0.01``); see README.md.
+Everything comes from the YAML config (``--config_path``: a file, or a name in ``configs/``),
+overridable per key on the command line (``--epoch_size 2``, ``--set kfac.damping=0.01``); see
+README.md. The flags are those of MindSpore's models repository (``official/cv/ResNet``):
+``--run_distribute``, ``--resume_ckpt``, ``--pre_trained``, ``--run_eval``, ``--eval_dataset_path``.
 
 Launched by msrun (or a rank-table / mpirun launcher) the script initialises
 ``mindspore.communication``, trains data-parallel with gradients averaged over the ranks and reads
 its shard of the training data; each rank writes checkpoints to ``OUTPUT_DIR/ckpt_RANK``.
 """
+import argparse
 import json
 import os
 import sys
@@ -19,12 +22,27 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from src import runtime  # noqa: E402  (imports no MindSpore: the CPU ISA variable is set first)
 
 
+def _distribute_choice(text):
+    """``--run_distribute``: the models repository passes True / False; auto is ours."""
+    value = str(text).strip().lower()
+    if value not in ("auto", "true", "false"):
+        raise argparse.ArgumentTypeError(f"expected True, False or auto, got {text!r}")
+    return value
+
+
 def _add_arguments(parser):
-    parser.add_argument("--resume", default="", metavar="CKPT",
+    parser.add_argument("--resume_ckpt", "--resume", dest="resume_ckpt", default="", metavar="CKPT",
                         help="continue from a checkpoint written by this script (network, optimizer state "
-                             "and step counter); training resumes after the epoch it was written")
-    parser.add_argument("--distribute", choices=("auto", "true", "false"), default="auto",
-                        help="data-parallel training: auto = when started by msrun / a rank table / mpirun")
+                             "and step counter); training resumes after the epoch it was written "
+                             "(--resume is a deprecated alias)")
+    parser.add_argument("--pre_trained", default="", metavar="CKPT",
+                        help="start from the network weights of this checkpoint (optimizer state and step "
+                             "counter start fresh); parameters whose shape differs, such as a classifier "
+                             "for another class_num, keep their initial values")
+    parser.add_argument("--run_distribute", "--distribute", dest="run_distribute", type=_distribute_choice,
+                        default="auto", metavar="{True,False,auto}",
+                        help="data-parallel training; auto: when started by msrun / a rank table / mpirun "
+                             "(--distribute is a deprecated alias)")
 
 
 def _lean_model(network, loss, optimizer, metrics, manager, config):
@@ -45,12 +63,33 @@ def _lean_model(network, loss, optimizer, metrics, manager, config):
     return Model(step, eval_network=evaluation, eval_indexes=[0, 1, 2], metrics=metrics)
 
 
+def _fit(model, config, train_data, eval_data, callbacks, initial_epoch):
+    """Train, evaluating with ``Model.fit`` when there is evaluation data; the evaluation history.
+
+    ``Model.fit`` evaluates after every ``valid_frequency`` epochs counted from the first; the
+    config's ``eval_start_epoch`` is applied by listing the epochs (``valid_frequency`` takes a list).
+    """
+    from src.callbacks import EvalRecorder
+
+    sink = config["dataset_sink_mode"]
+    if eval_data is None:
+        model.train(config["epoch_size"], train_data, callbacks=callbacks, dataset_sink_mode=sink,
+                    initial_epoch=initial_epoch)
+        return []
+    epochs = [e for e in range(config["eval_start_epoch"], config["epoch_size"] + 1)
+              if (e - config["eval_start_epoch"]) % config["eval_interval"] == 0]
+    recorder = EvalRecorder()
+    model.fit(config["epoch_size"], train_data, valid_dataset=eval_data, valid_frequency=epochs or [0],
+              callbacks=callbacks + [recorder], dataset_sink_mode=sink, valid_dataset_sink_mode=False,
+              initial_epoch=initial_epoch)
+    return recorder.history
+
+
 def train(args, config):
     from mindspore import nn
-    from mindspore.train import (CheckpointConfig, LossMonitor, Model, ModelCheckpoint, TimeMonitor,
-                                 FixedLossScaleManager)
+    from mindspore.train import CheckpointConfig, FixedLossScaleManager, LossMonitor, Model, ModelCheckpoint
 
-    from src.callbacks import EvalCallback, ThroughputMonitor
+    from src.callbacks import ThroughputMonitor
     from src.dataset import create_dataset
     from src.distributed import init_data_parallel, launched_distributed
     from src.optimizer import build_optimizer, schedule_parameter_names, validate_sections
@@ -59,7 +98,7 @@ def train(args, config):
 
     runtime.setup_context(config)
     skipped = validate_sections(config)          # every section, before any launcher/communication setup
-    distribute = args.distribute == "true" or (args.distribute == "auto" and launched_distributed())
+    distribute = args.run_distribute == "true" or (args.run_distribute == "auto" and launched_distributed())
     rank, group_size = init_data_parallel() if distribute else (0, 1)
 
     def log(message):
@@ -75,19 +114,27 @@ def train(args, config):
 
     train_data = create_dataset(config, training=True, rank=rank, group_size=group_size)
     steps_per_epoch = train_data.get_dataset_size()
-    network = build_network(config["net"], config["num_classes"], config["net_options"])
+    network = build_network(config["net"], config["class_num"], config["net_options"])
     loss = nn.CrossEntropyLoss(reduction="mean", label_smoothing=config["label_smooth_factor"])
     optimizer, lr_values, _ = build_optimizer(config, network, steps_per_epoch, extra={"verbose": rank == 0})
 
     initial_epoch = 0
-    if args.resume:
-        # before the first compile: loading into a compiled graph is not supported by the optimizers
-        params = runtime.load_checkpoint(args.resume, [network, optimizer], skip=schedule_parameter_names(optimizer))
-        initial_epoch = runtime.checkpoint_epoch(args.resume, params)
-        log(f"resumed from {args.resume}: epoch {initial_epoch}, step {int(optimizer.global_step.asnumpy().reshape(-1)[0])}")
+    if args.resume_ckpt and args.pre_trained:
+        raise runtime.UsageError("give --resume_ckpt (continue a run) or --pre_trained (start from weights), not both")
+    if args.pre_trained:
+        kept = runtime.load_pretrained(args.pre_trained, network)
+        log(f"network weights from {args.pre_trained}" + (f"; kept the initial values of {kept}" if kept else ""))
+    if args.resume_ckpt:
+        # loaded before Model.train builds the graph; docs/limitations.md ("Training modes") has the
+        # loading rules for a graph already compiled
+        params = runtime.load_checkpoint(args.resume_ckpt, [network, optimizer],
+                                         skip=schedule_parameter_names(optimizer))
+        initial_epoch = runtime.checkpoint_epoch(args.resume_ckpt, params)
+        log(f"resumed from {args.resume_ckpt}: epoch {initial_epoch}, "
+            f"step {int(optimizer.global_step.asnumpy().reshape(-1)[0])}")
         if initial_epoch >= config["epoch_size"]:
-            raise runtime.UsageError(f"checkpoint {args.resume!r} was written after epoch {initial_epoch}: nothing "
-                                     f"left to train with epoch_size {config['epoch_size']}")
+            raise runtime.UsageError(f"checkpoint {args.resume_ckpt!r} was written after epoch {initial_epoch}: "
+                                     f"nothing left to train with epoch_size {config['epoch_size']}")
 
     loss_scale = config["loss_scale"]
     manager = FixedLossScaleManager(loss_scale, drop_overflow_update=False) if loss_scale != 1.0 else None
@@ -103,7 +150,7 @@ def train(args, config):
                                    os.path.join(output_dir, f"throughput_rank{rank}.json"), printer=log)
     # a loss that explodes and stays finite stops the run with a reason (mindspore_ngd.DivergenceMonitor);
     # with dataset sinking it sees the last loss of each sink
-    callbacks = [TimeMonitor(steps_per_epoch), LossMonitor(config["log_interval"]), throughput,
+    callbacks = [throughput, LossMonitor(config["log_interval"]),      # throughput is a TimeMonitor
                  ngd.DivergenceMonitor(name=type(optimizer).__name__)]
     if config["save_checkpoint_epochs"] > 0:
         ckpt_config = CheckpointConfig(save_checkpoint_steps=steps_per_epoch * config["save_checkpoint_epochs"],
@@ -111,25 +158,22 @@ def train(args, config):
                                        append_info=["epoch_num", "step_num"])
         callbacks.append(ModelCheckpoint(prefix="resnet", directory=os.path.join(output_dir, f"ckpt_{rank}"),
                                          config=ckpt_config))
-    evaluator = None
-    if config["eval_interval"] > 0 and rank == 0:
+    eval_data = None
+    if config["run_eval"] and config["eval_interval"] > 0 and rank == 0:
         eval_data = create_dataset(config, training=False)
         if eval_data is None:
-            log("note: eval_interval is set but there is no evaluation data (eval_data_path): not evaluating")
-        else:
-            evaluator = EvalCallback(model, eval_data, config["eval_interval"], config["eval_start_epoch"], log)
-            callbacks.append(evaluator)
+            log("note: run_eval is set but there is no evaluation data (eval_dataset_path): not evaluating")
 
     log(f"training {config['net']} with {type(optimizer).__name__} on "
         f"{'synthetic data' if config['data_path'] == 'synthetic' else config['data_path']}: "
         f"{steps_per_epoch} steps/epoch x {config['batch_size']} images x {group_size} device(s), "
         f"epochs {initial_epoch + 1}-{config['epoch_size']}, lr {lr_values[0]:.6g} -> {lr_values[-1]:.6g}")
-    model.train(config["epoch_size"], train_data, callbacks=callbacks,
-                dataset_sink_mode=config["dataset_sink_mode"], initial_epoch=initial_epoch)
+    history = _fit(model, config, train_data, eval_data, callbacks, initial_epoch)
 
     summary = {"rank": rank, "group_size": group_size, "optimizer": config["optimizer"],
                "config": config["config_path"], "steps_per_epoch": steps_per_epoch,
-               "throughput": throughput.summary(), "eval": evaluator.history if evaluator else []}
+               "dataset_sink_mode": config["dataset_sink_mode"],
+               "throughput": throughput.summary(), "eval": history}
     with open(os.path.join(output_dir, f"summary_rank{rank}.json"), "w", encoding="utf-8") as handle:
         json.dump(summary, handle, indent=2)
     log(f"done: {summary['throughput']['images_per_s']:.1f} images/s per device after the first epoch; "

@@ -58,7 +58,7 @@ def test_section_values_are_checked_by_the_constructor():
     config = smoke_config(optimizer="kfac")
     config["kfac"] = dict(config["kfac"], damping_split="cube")
     zoo_opt.validate_sections(config)            # names are fine; the value is the constructor's to reject
-    net = build_network(config["net"], config["num_classes"], config["net_options"])
+    net = build_network(config["net"], config["class_num"], config["net_options"])
     with pytest.raises(zoo_config.ConfigError, match="KFAC rejected its arguments: .*damping_split"):
         zoo_opt.build_optimizer(config, net, 4)
 
@@ -71,13 +71,13 @@ def test_momentum_signature_is_read_through_mindsporess_decorator():
 def test_factory_builds_each_available_optimizer_with_schedules_and_decay_groups():
     for section, cls in (("momentum", ms.nn.Momentum), ("kfac", mindspore_ngd.KFAC), ("thor", mindspore_ngd.THOR)):
         config = smoke_config(optimizer=section)
-        net = build_network(config["net"], config["num_classes"], config["net_options"])
+        net = build_network(config["net"], config["class_num"], config["net_options"])
         opt, lr, damping = zoo_opt.build_optimizer(config, net, 4, extra={"verbose": False})
         assert isinstance(opt, cls) and lr.shape == (8,)
         assert (damping is None) == (section == "momentum")
     # nn.Momentum gets two groups: weights decayed, BatchNorm/bias not ("matrices", like the model zoo)
     config = smoke_config(optimizer="momentum")
-    net = build_network(config["net"], config["num_classes"], config["net_options"])
+    net = build_network(config["net"], config["class_num"], config["net_options"])
     opt, _, _ = zoo_opt.build_optimizer(config, net, 4)
     decays = dict(zip((p.name for p in opt.parameters), opt.group_weight_decay))
     assert decays["fc.weight"] == decays["stem.weight"] == pytest.approx(5e-4)
@@ -86,14 +86,14 @@ def test_factory_builds_each_available_optimizer_with_schedules_and_decay_groups
 
 def test_every_shipped_config_validates(monkeypatch):
     paths = sorted(glob.glob(os.path.join(ZOO, "configs", "*.yaml")))
-    assert len(paths) >= 11
+    assert len(paths) >= 10
     for path in paths:
         config = zoo_config.load_config(path)
         zoo_opt.validate_sections(config)
 
 
 def test_spngd_sections_validate_against_the_constructor():
-    for name in ("resnet50_imagenet2012_spngd_bs4k", "resnet50_imagenet2012_spngd_bs32k", "resnet_cifar10_spngd"):
+    for name in ("resnet50_imagenet2012_spngd_bs4k", "resnet_cifar10_spngd"):
         zoo_opt.validate_sections(zoo_config.load_config(name))
     config = smoke_config(optimizer="spngd")
     config["spngd"] = dict(config["spngd"], frequency=10)
@@ -111,7 +111,7 @@ def test_missing_spngd_is_a_clear_error(monkeypatch):
 def test_command_line_overrides():
     import argparse
     parser = zoo_config.add_config_arguments(argparse.ArgumentParser())
-    args = parser.parse_args(["--config", "cpu_smoke", "--batch_size", "4", "--optimizer", "thor",
+    args = parser.parse_args(["--config_path", "cpu_smoke", "--batch_size", "4", "--optimizer", "thor",
                               "--set", "thor.frequency=3", "--set", "net_options.width=4", "--data_path", "123"])
     config = zoo_config.config_from_args(args)
     assert config["batch_size"] == 4 and config["thor"]["frequency"] == 3 and config["net_options"]["width"] == 4
@@ -120,3 +120,46 @@ def test_command_line_overrides():
         zoo_config.config_from_args(parser.parse_args(["--config", "cpu_smoke", "--set", "nope.x=1"]))
     with pytest.raises(zoo_config.ConfigError, match="neither a file nor one of"):
         zoo_config.load_config("no_such_config")
+
+
+def test_models_repository_names_and_the_former_ones(tmp_path):
+    """class_num / eval_dataset_path / --config_path as in official/cv/ResNet; num_classes,
+    eval_data_path and --config still read, in files and on the command line; both names at once with
+    different values is an error."""
+    import argparse
+    parser = zoo_config.add_config_arguments(argparse.ArgumentParser())
+    for argv in (["--config_path", "cpu_smoke", "--class_num", "7", "--eval_dataset_path", "val"],
+                 ["--config", "cpu_smoke", "--num_classes", "7", "--eval_data_path", "val"]):
+        config = zoo_config.config_from_args(parser.parse_args(argv))
+        assert config["class_num"] == 7 and config["eval_dataset_path"] == "val"
+        assert "num_classes" not in config and "eval_data_path" not in config
+    old = tmp_path / "old.yaml"
+    old.write_text(open(zoo_config.resolve_config_path("cpu_smoke"), encoding="utf-8").read()
+                   .replace("class_num: 10", "num_classes: 12"))
+    assert zoo_config.load_config(str(old))["class_num"] == 12
+    both = tmp_path / "both.yaml"
+    both.write_text(old.read_text() + "\nclass_num: 13\n")
+    with pytest.raises(zoo_config.ConfigError, match="'num_classes' is the former name of 'class_num'"):
+        zoo_config.load_config(str(both))
+
+
+def test_dataset_sinking_defaults_to_on_except_on_cpu():
+    assert zoo_config.load_config("cpu_smoke")["dataset_sink_mode"] is False
+    assert zoo_config.load_config("cpu_smoke", {"device_target": "GPU"})["dataset_sink_mode"] is True
+    assert zoo_config.load_config("cpu_smoke", {"device_target": "Ascend"})["dataset_sink_mode"] is True
+    assert zoo_config.load_config("cpu_smoke", {"device_target": "GPU", "dataset_sink_mode": False})[
+        "dataset_sink_mode"] is False
+    assert zoo_config.load_config("cpu_smoke", {"dataset_sink_mode": True})["dataset_sink_mode"] is True
+
+
+def test_eval_help_lists_only_evaluation_flags():
+    import subprocess
+    import sys
+    text = subprocess.run([sys.executable, os.path.join(ZOO, "eval.py"), "--help"], capture_output=True,
+                          text=True, check=True).stdout
+    for flag in ("--config_path", "--data_path", "--eval_dataset_path", "--checkpoint_file_path", "--class_num",
+                 "--eval_batch_size"):
+        assert flag in text, flag
+    for flag in ("--epoch_size", "--optimizer", "--batch_size ", "--lean_step", "--save_checkpoint_epochs",
+                 "--resume_ckpt", "--run_eval", "--amp_level"):
+        assert flag not in text, flag

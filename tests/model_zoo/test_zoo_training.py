@@ -14,7 +14,7 @@ from zoo import run_script
 
 
 def _train(output_dir, optimizer, *extra):
-    result = run_script("run_standalone_train.sh", "cpu_smoke", "synthetic", "--optimizer", optimizer,
+    result = run_script("run_standalone_train.sh", "synthetic", "cpu_smoke", "--optimizer", optimizer,
                         "--output_dir", str(output_dir), *extra)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
@@ -74,7 +74,7 @@ def test_resume_continues_with_bit_identical_weights(kfac_run, tmp_path):
     are deterministic for identical inputs. Only ``step_num`` (steps run by *this* process) differs.
     """
     output_dir, _ = kfac_run
-    result = _train(tmp_path, "kfac", "--resume", _checkpoint(output_dir, 1))
+    result = _train(tmp_path, "kfac", "--resume_ckpt", _checkpoint(output_dir, 1))
     assert "resumed from" in result.stdout and "epoch 1, step 4" in result.stdout
     assert len(_losses(result.stdout)) == 4                       # epoch 2 only
     continuous = ms.load_checkpoint(_checkpoint(output_dir, 2))
@@ -101,24 +101,37 @@ def test_lean_step_trains_to_the_same_checkpoint(kfac_run, tmp_path):
     assert set(expected) == set(actual)
     for name, value in expected.items():
         np.testing.assert_array_equal(actual[name].asnumpy(), value.asnumpy(), err_msg=name)
-    refused = run_script("run_standalone_train.sh", "cpu_smoke", "synthetic", "--optimizer", "momentum",
+    refused = run_script("run_standalone_train.sh", "synthetic", "cpu_smoke", "--optimizer", "momentum",
                          "--lean_step", "true", "--output_dir", str(tmp_path / "momentum"))
     assert refused.returncode != 0 and "lean_step: true needs a natural-gradient optimizer" in refused.stderr
+
+
+def test_pre_trained_starts_from_the_network_weights(kfac_run, tmp_path):
+    """--pre_trained (models repository): network weights from a checkpoint, a classifier of another
+    class_num keeps its initial values, the optimizer and step counter start fresh; with --resume_ckpt
+    it is refused."""
+    output_dir, _ = kfac_run
+    result = _train(tmp_path, "momentum", "--pre_trained", _checkpoint(output_dir, 2), "--class_num", "5",
+                    "--epoch_size", "1", "--run_eval", "false")
+    assert "network weights from" in result.stdout and "kept the initial values of ['fc.weight', 'fc.bias']" in result.stdout
+    both = run_script("run_standalone_train.sh", "synthetic", "cpu_smoke", _checkpoint(output_dir, 1),
+                      "--pre_trained", _checkpoint(output_dir, 2))
+    assert both.returncode == 2 and "not both" in both.stderr
 
 
 def test_eval_reads_the_checkpoint(kfac_run, tmp_path):
     output_dir, _ = kfac_run
     result_json = tmp_path / "result.json"
-    result = run_script("run_eval.sh", "cpu_smoke", "synthetic", _checkpoint(output_dir, 2),
+    result = run_script("run_eval.sh", "synthetic", _checkpoint(output_dir, 2), "cpu_smoke",
                         "--result_json", str(result_json))
     assert result.returncode == 0, result.stderr[-3000:]
     line = [line for line in result.stdout.splitlines() if line.startswith("result: ")][-1]
     metrics = json.loads(line[len("result: "):])
     assert metrics == json.loads(result_json.read_text())
     assert 0.0 <= metrics["top_1_accuracy"] <= metrics["top_5_accuracy"] <= 1.0
-    deeper = run_script("run_eval.sh", "resnet_cifar10_kfac", "synthetic", _checkpoint(output_dir, 2))
+    deeper = run_script("run_eval.sh", "synthetic", _checkpoint(output_dir, 2), "resnet_cifar10_kfac")
     assert deeper.returncode == 2 and "lacks" in deeper.stderr and "same config" in deeper.stderr
-    wider = run_script("run_eval.sh", "cpu_smoke", "synthetic", _checkpoint(output_dir, 2),
+    wider = run_script("run_eval.sh", "synthetic", _checkpoint(output_dir, 2), "cpu_smoke",
                        "--set", "net_options.width=16")
     assert wider.returncode == 2 and "has parameters of other shapes" in wider.stderr
 
@@ -131,7 +144,7 @@ def test_distributed_script_trains_kfac_on_two_workers(tmp_path):
     owners and gathers the preconditioned gradients, so every trainable weight (and momentum) is the
     same on both ranks; both write checkpoints and eval reads one. (BatchNorm moving statistics are
     per rank: each normalises its own shard.)"""
-    result = run_script("run_distribute_train.sh", "2", "cpu_smoke", "synthetic", "--optimizer", "kfac",
+    result = run_script("run_distribute_train_msrun.sh", "2", "synthetic", "cpu_smoke", "--optimizer", "kfac",
                         "--epoch_size", "1", "--eval_interval", "0", "--output_dir", str(tmp_path / "out"),
                         env={"LOG_DIR": str(tmp_path / "logs")})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -144,7 +157,7 @@ def test_distributed_script_trains_kfac_on_two_workers(tmp_path):
     assert len(shared) > 10
     for key in shared:
         np.testing.assert_array_equal(ranks[0][key].asnumpy(), ranks[1][key].asnumpy(), err_msg=key)
-    evaluated = run_script("run_eval.sh", "cpu_smoke", "synthetic", _checkpoint(tmp_path / "out", 1, rank=1))
+    evaluated = run_script("run_eval.sh", "synthetic", _checkpoint(tmp_path / "out", 1, rank=1), "cpu_smoke")
     assert evaluated.returncode == 0 and "top_1_accuracy" in evaluated.stdout
 
 
@@ -157,13 +170,13 @@ def test_resnet50_imagenet_config_trains_and_evaluates_on_synthetic_data(tmp_pat
     shrink = ["--device_target", "CPU", "--amp_level", "O0", "--image_size", "32", "--batch_size", "2",
               "--eval_batch_size", "2", "--synthetic_size", "4", "--synthetic_eval_size", "4", "--epoch_size", "2",
               "--num_parallel_workers", "1"]
-    result = run_script("run_standalone_train.sh", "resnet50_imagenet2012_momentum_8p", "synthetic", *shrink,
-                        "--eval_interval", "1", "--eval_start_epoch", "1", "--save_checkpoint_epochs", "1",
+    result = run_script("run_standalone_train.sh", "synthetic", "resnet50_imagenet2012_momentum_8p", *shrink,
+                        "--run_eval", "True", "--eval_interval", "1", "--eval_start_epoch", "1", "--save_checkpoint_epochs", "1",
                         "--output_dir", str(tmp_path))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = _summary(tmp_path)
     assert summary["steps_per_epoch"] == 2 and [e["epoch"] for e in summary["eval"]] == [1, 2]
     assert "the config's hyper-parameters are for device_num=8 (global batch 16)" in result.stdout
-    evaluated = run_script("run_eval.sh", "resnet50_imagenet2012_momentum_8p", "synthetic", _checkpoint(tmp_path, 2),
+    evaluated = run_script("run_eval.sh", "synthetic", _checkpoint(tmp_path, 2), "resnet50_imagenet2012_momentum_8p",
                            *shrink)
     assert evaluated.returncode == 0 and "top_5_accuracy" in evaluated.stdout, evaluated.stderr[-2000:]

@@ -15,7 +15,7 @@ pytest.importorskip("yaml", reason="model zoo tests need pyyaml (pip install -e 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ZOO = os.path.join(REPO, "model_zoo", "resnet50")
 SCRIPTS = os.path.join(REPO, "scripts")
-SCRIPT_NAMES = ("run_standalone_train.sh", "run_distribute_train.sh", "run_distribute_train_ascend.sh",
+SCRIPT_NAMES = ("run_standalone_train.sh", "run_distribute_train.sh", "run_distribute_train_msrun.sh",
                 "run_distribute_train_gpu.sh", "run_eval.sh")
 if ZOO not in sys.path:
     sys.path.insert(0, ZOO)

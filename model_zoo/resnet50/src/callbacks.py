@@ -1,55 +1,66 @@
-"""Training callbacks: evaluation every N epochs and a throughput record."""
+"""Training callbacks built on MindSpore's own: a throughput record on top of ``TimeMonitor``, and a
+recorder of the metrics ``Model.fit`` computes when it evaluates.
+
+Evaluation itself is ``Model.fit(valid_dataset=..., valid_frequency=...)`` (see train.py); these
+callbacks only keep what it and ``TimeMonitor`` already measure, for the JSON summary train.py writes.
+"""
 import json
 import os
 import time
 
-from mindspore.train import Callback
+from mindspore.train import Callback, TimeMonitor
 
-__all__ = ["EvalCallback", "ThroughputMonitor"]
+__all__ = ["EvalRecorder", "ThroughputMonitor"]
 
 
-class EvalCallback(Callback):
-    """Run ``model.eval`` on ``dataset`` after epochs ``start, start + interval, ...`` and print top-1/top-5."""
+class EvalRecorder(Callback):
+    """Keep the metrics of every evaluation ``Model.fit`` runs (``history``: one dict per evaluation,
+    with its epoch), for the run's summary; ``Model.fit`` prints them itself."""
 
-    def __init__(self, model, dataset, interval, start_epoch=1, printer=print):
+    def __init__(self):
         super().__init__()
-        self.model, self.dataset = model, dataset
-        self.interval, self.start_epoch = interval, start_epoch
-        self.printer = printer
         self.history = []
 
-    def on_train_epoch_end(self, run_context):
-        epoch = run_context.original_args().cur_epoch_num
-        if epoch < self.start_epoch or (epoch - self.start_epoch) % self.interval:
-            return
-        start = time.perf_counter()
-        result = self.model.eval(self.dataset, dataset_sink_mode=False)
-        result = {k: float(v) for k, v in result.items()}
-        self.history.append({"epoch": epoch, **result})
-        self.printer(f"eval epoch {epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(result.items()))
-                     + f" ({time.perf_counter() - start:.1f} s)")
+    def on_eval_end(self, run_context):
+        params = run_context.original_args()
+        result = {key: float(value) for key, value in params.metrics.items()}
+        self.history.append({"epoch": params.cur_epoch_num, **result})
 
 
-class ThroughputMonitor(Callback):
-    """Wall time and images/s of every epoch; a JSON summary at the end of training.
+class ThroughputMonitor(TimeMonitor):
+    """``TimeMonitor`` (it prints the epoch and per-step times) that also records images/s per epoch and
+    writes a JSON summary at the end of training.
 
-    The first epoch of a run includes graph compilation, so the summary's ``images_per_s`` averages
-    the later epochs (all epochs if there is only one). ``images_per_s`` is per device; the global
-    rate is ``images_per_s * group_size``.
+    One timer serves both: the epoch's seconds are ``TimeMonitor``'s own ``epoch_time`` mark. ``Model.fit``
+    evaluates inside the training epoch, before the epoch's end callbacks, and ``TimeMonitor`` times
+    that evaluation with the same mark; the mark is moved on by the evaluation's duration afterwards,
+    so the training epoch's time (printed and recorded) leaves the evaluation out. The first
+    epoch of a run includes graph compilation, so the summary's ``images_per_s`` averages the later
+    epochs (all epochs if there is only one). ``images_per_s`` is per device; the global rate is
+    ``images_per_s * group_size``.
     """
 
     def __init__(self, batch_size, group_size=1, path=None, printer=print):
         super().__init__()
         self.batch_size, self.group_size, self.path, self.printer = batch_size, group_size, path, printer
         self.epochs = []
-        self._start = self._first_step = None
+        self._train_mark = None
 
-    def on_train_epoch_begin(self, run_context):
-        self._start = time.perf_counter()
+    def on_eval_epoch_begin(self, run_context):
+        self._train_mark = self.epoch_time
+        super().on_eval_epoch_begin(run_context)
+
+    def on_eval_epoch_end(self, run_context):
+        evaluation = time.time() - self.epoch_time
+        super().on_eval_epoch_end(run_context)
+        if self._train_mark is not None:
+            self.epoch_time = self._train_mark + evaluation
+            self._train_mark = None
 
     def on_train_epoch_end(self, run_context):
+        seconds = time.time() - self.epoch_time
+        super().on_train_epoch_end(run_context)
         params = run_context.original_args()
-        seconds = time.perf_counter() - self._start
         steps = params.batch_num
         record = {"epoch": params.cur_epoch_num, "seconds": seconds, "steps": steps,
                   "images_per_s": steps * self.batch_size / seconds}

@@ -2,7 +2,7 @@
 
 * ImageNet-2012 (``dataset: imagenet2012``): an ``ImageFolderDataset`` of one sub-folder per class.
   ``data_path`` is either the training folder or a folder holding ``train/`` and ``val/`` (or
-  ``validation/``); the evaluation folder is ``eval_data_path`` or that ``val/``. Training:
+  ``validation/``); the evaluation folder is ``eval_dataset_path`` or that ``val/``. Training:
   random-resized crop (scale 0.08-1, aspect 3/4-4/3) decoded to ``image_size``, horizontal flip,
   per-channel normalisation; evaluation: resize to ``image_size / 0.875`` and centre crop.
 * CIFAR-10 (``dataset: cifar10``): the binary version (``data_batch_1.bin`` ... ``data_batch_5.bin``,
@@ -52,7 +52,7 @@ def _first_existing(root, names):
 
 def resolve_paths(config):
     """``(train_path, eval_path)`` for the config; ``eval_path`` may be None (no evaluation data)."""
-    data_path, eval_path = config["data_path"], config["eval_data_path"] or None
+    data_path, eval_path = config["data_path"], config["eval_dataset_path"] or None
     if not data_path:
         raise DatasetError("no data path: give DATA_PATH (--data_path), or 'synthetic' for generated data")
     if data_path == SYNTHETIC:
@@ -165,7 +165,7 @@ def _cifar10(path, config, training, rank, group_size):
 def _synthetic(config, training, rank, group_size):
     per_device = config["synthetic_size"] if training else config["synthetic_eval_size"]
     total = per_device * (group_size if training else 1)
-    source = SyntheticImages(total, config["image_size"], config["num_classes"], seed=config["seed"],
+    source = SyntheticImages(total, config["image_size"], config["class_num"], seed=config["seed"],
                              split=0 if training else 1)
     shard = {"num_shards": group_size, "shard_id": rank} if training and group_size > 1 else {}
     return ds.GeneratorDataset(source, ["image", "label"], shuffle=False, **shard)

@@ -11,18 +11,21 @@ import sys
 
 from .config import ConfigError, add_config_arguments, config_from_args
 
-__all__ = ["UsageError", "parse", "setup_context", "allow_deep_graphs", "load_checkpoint", "checkpoint_epoch", "main_guard"]
+__all__ = ["UsageError", "parse", "setup_context", "allow_deep_graphs", "load_checkpoint", "load_pretrained",
+           "checkpoint_epoch", "main_guard"]
 
 
 class UsageError(ValueError):
     """A problem with the arguments that is reported without a traceback."""
 
 
-def parse(description, add_arguments=None, argv=None):
-    """Parse the command line into ``(args, config)``; set the CPU ISA variable when the device is CPU."""
-    parser = argparse.ArgumentParser(description=description,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_config_arguments(parser)
+def parse(description, add_arguments=None, argv=None, config_keys=None):
+    """Parse the command line into ``(args, config)``; set the CPU ISA variable when the device is CPU.
+
+    ``config_keys``: the config keys offered as options (default: all).
+    """
+    parser = argparse.ArgumentParser(description=description)
+    add_config_arguments(parser, config_keys)
     if add_arguments:
         add_arguments(parser)
     args = parser.parse_args(argv)
@@ -91,6 +94,31 @@ def load_checkpoint(path, cells, skip=()):
         names = {p.name for p in cell.get_parameters()}
         ms.load_param_into_net(cell, {k: v for k, v in loadable.items() if k in names})
     return params
+
+
+def load_pretrained(path, network):
+    """Load the network weights of checkpoint ``path`` into ``network`` (``--pre_trained``).
+
+    Parameters the checkpoint lacks, or holds in another shape (a classifier for another
+    ``class_num``), keep their initial values; their names are returned. Optimizer state in the
+    checkpoint is ignored.
+    """
+    import mindspore as ms
+    if not os.path.isfile(path):
+        raise UsageError(f"checkpoint {path!r} does not exist")
+    params = ms.load_checkpoint(path)
+    loadable, kept = {}, []
+    for param in network.get_parameters():
+        value = params.get(param.name)
+        if value is None or tuple(value.shape) != tuple(param.shape):
+            kept.append(param.name)
+        else:
+            loadable[param.name] = value
+    if not loadable:
+        raise UsageError(f"checkpoint {path!r} holds none of this network's parameters: was it written for "
+                         "the same net?")
+    ms.load_param_into_net(network, loadable)
+    return kept
 
 
 def main_guard(function, program):

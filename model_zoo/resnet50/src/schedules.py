@@ -31,11 +31,20 @@ Damping (``damping_schedule``, only for optimizers that take a damping):
   (e / 10)`` with ``e = (i + 1) / steps_per_epoch``.
 * ``step``     -- ``damping * damping_gamma ** n``, ``n`` milestones of ``damping_milestones`` passed
   (kfac-pytorch's damping decay).
+
+Which of these are MindSpore's own: the step decays (``step`` learning rate and damping) are
+``mindspore.nn.piecewise_constant_lr``. MindSpore's ``nn.warmup_lr``, ``nn.cosine_decay_lr`` and
+``nn.polynomial_decay_lr`` do not serve the others: they hold the rate for a whole epoch (their
+position is ``floor(i / step_per_epoch)``), while the published recipes these configs reproduce
+(the models repository's ``lr_generator.py``, chainerkfac's polynomial decay) change it every step,
+and ``nn.warmup_lr`` starts at 0 rather than at ``lr_init``. The ``thor`` tables come from
+:mod:`mindspore_ngd.schedule.thor`, which reproduces the models repository's THOR functions.
 """
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from mindspore import nn
 
 from mindspore_ngd.schedule.thor import thor_damping, thor_lr
 
@@ -90,11 +99,14 @@ def _cosine(spe, epochs, lr_max, lr_init=0.0, lr_end=0.0, warmup_epochs=0):
 
 
 def _decays(spe, epochs, milestones, gamma):
-    epoch_index = np.arange(spe * epochs) // spe
-    passed = np.zeros(spe * epochs)
-    for milestone in milestones:
-        passed += epoch_index >= milestone
-    return gamma ** passed
+    """``gamma ** n`` per step, ``n`` the milestones passed (epoch index >= milestone):
+    ``nn.piecewise_constant_lr`` over the first step of each milestone's epoch."""
+    total = spe * epochs
+    starts = sorted(min(max(math.ceil(m), 0) * spe, total) for m in milestones)
+    bounds = [b for b in starts if b > 0] + [total]
+    passed_at_start = len(starts) - len(bounds) + 1
+    rates = [float(gamma ** (passed_at_start + k)) for k in range(len(bounds))]
+    return np.asarray(nn.piecewise_constant_lr(bounds, rates), np.float64)
 
 
 def _step(spe, epochs, lr_max, lr_milestones, lr_init=None, lr_gamma=0.1, warmup_epochs=0):

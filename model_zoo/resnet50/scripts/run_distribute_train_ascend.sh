@@ -1,1 +1,0 @@
-../../../scripts/run_distribute_train_ascend.sh

@@ -1,0 +1,1 @@
+../../../scripts/run_distribute_train_msrun.sh
