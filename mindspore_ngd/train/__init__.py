@@ -1,8 +1,11 @@
 """Training helpers for ``Model.train``: the training step with a lean graph, the Monte-Carlo Fisher
-training step, callbacks, and the models repository's THOR flow (``thor``, ``ConvertModelUtils``)."""
+training step, callbacks (the refresh report, the loss-side divergence stop), and the models
+repository's THOR flow (``thor``, ``ConvertModelUtils``)."""
 from .lean_step import NGDTrainOneStepCell
 from .mc_fisher import MCFisherTrainStep, sampled_label_loss
 from .callbacks import RefreshMonitor
+from .divergence import DivergenceMonitor
 from .thor_flow import ConvertModelUtils, thor
 
-__all__ = ["NGDTrainOneStepCell", "MCFisherTrainStep", "sampled_label_loss", "RefreshMonitor", "thor", "ConvertModelUtils"]
+__all__ = ["NGDTrainOneStepCell", "MCFisherTrainStep", "sampled_label_loss", "RefreshMonitor", "DivergenceMonitor",
+           "thor", "ConvertModelUtils"]

@@ -9,7 +9,8 @@ silently trains with Momentum. Importing both names from here instead::
 
     from mindspore_ngd import thor, ConvertModelUtils      # instead of mindspore.nn / mindspore.train
 
-gives a ``Model`` that trains with the natural-gradient optimizer, with the same arguments.
+gives a ``Model`` that trains with the natural-gradient optimizer, with the same arguments, and
+stops a run whose loss explodes while staying finite (:class:`GuardedModel`).
 """
 import mindspore as ms
 from mindspore import nn
@@ -17,8 +18,9 @@ from mindspore import nn
 from .._validate import check_mean_loss
 from ..optim.engine import NGDOptimizer
 from ..optim.thor import THOR
+from .divergence import DivergenceMonitor
 
-__all__ = ["thor", "ConvertModelUtils"]
+__all__ = ["thor", "ConvertModelUtils", "GuardedModel"]
 
 
 def thor(net, learning_rate, damping, momentum, *args, **kwargs):
@@ -47,8 +49,10 @@ class ConvertModelUtils:
             metrics, amp_level, loss_scale_manager, keep_batchnorm_fp32: passed to ``Model``.
 
         Returns:
-            Model: ``Model(network, loss_fn, optimizer, metrics=metrics, amp_level=amp_level,
-            loss_scale_manager=loss_scale_manager, keep_batchnorm_fp32=keep_batchnorm_fp32)``.
+            Model: a :class:`GuardedModel` (``Model(network, loss_fn, optimizer, metrics=metrics,
+            amp_level=amp_level, loss_scale_manager=loss_scale_manager,
+            keep_batchnorm_fp32=keep_batchnorm_fp32)`` whose ``train`` and ``fit`` add a
+            :class:`mindspore_ngd.DivergenceMonitor`).
 
         Raises:
             TypeError: for any other optimizer (MindSpore's converter would return ``model`` unchanged and
@@ -73,5 +77,36 @@ class ConvertModelUtils:
                             "network: pass the network given to the optimizer")
         if loss_fn is not None:
             check_mean_loss(loss_fn, "convert_to_thor_model")
-        return ms.train.Model(network, loss_fn=loss_fn, optimizer=optimizer, metrics=metrics, amp_level=amp_level,
-                              loss_scale_manager=loss_scale_manager, keep_batchnorm_fp32=keep_batchnorm_fp32)
+        return GuardedModel(network, loss_fn=loss_fn, optimizer=optimizer, metrics=metrics, amp_level=amp_level,
+                            loss_scale_manager=loss_scale_manager, keep_batchnorm_fp32=keep_batchnorm_fp32)
+
+
+def _with_monitor(callbacks, optimizer):
+    """``callbacks`` (None, one Callback or a list) with a :class:`DivergenceMonitor` appended, unless
+    one is there already."""
+    if callbacks is None:
+        callbacks = []
+    elif not isinstance(callbacks, (list, tuple)):
+        callbacks = [callbacks]
+    callbacks = list(callbacks)
+    if not any(isinstance(c, DivergenceMonitor) for c in callbacks):
+        callbacks.append(DivergenceMonitor(name=type(optimizer).__name__))
+    return callbacks
+
+
+class GuardedModel(ms.train.Model):
+    """The ``Model`` that :meth:`ConvertModelUtils.convert_to_thor_model` returns: MindSpore's ``Model``
+    whose ``train`` and ``fit`` add a :class:`mindspore_ngd.DivergenceMonitor` to the callbacks (unless
+    the caller passed one), so that a run whose loss explodes while staying finite stops with a reason
+    in the models repository's flow too, whose ``train.py`` passes its own callback list."""
+
+    def train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
+        return super().train(epoch, train_dataset, _with_monitor(callbacks, self._optimizer),
+                             dataset_sink_mode=dataset_sink_mode, sink_size=sink_size, initial_epoch=initial_epoch)
+
+    def fit(self, epoch, train_dataset, valid_dataset=None, valid_frequency=1, callbacks=None,
+            dataset_sink_mode=False, valid_dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
+        return super().fit(epoch, train_dataset, valid_dataset, valid_frequency,
+                           _with_monitor(callbacks, self._optimizer), dataset_sink_mode=dataset_sink_mode,
+                           valid_dataset_sink_mode=valid_dataset_sink_mode, sink_size=sink_size,
+                           initial_epoch=initial_epoch)

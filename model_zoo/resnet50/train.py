@@ -94,6 +94,7 @@ def train(args, config):
     from src.distributed import init_data_parallel, launched_distributed
     from src.optimizer import build_optimizer, schedule_parameter_names, validate_sections
     from src.resnet import build_network
+    import mindspore_ngd as ngd
 
     runtime.setup_context(config)
     skipped = validate_sections(config)          # every section, before any launcher/communication setup
@@ -147,7 +148,10 @@ def train(args, config):
     output_dir = os.path.abspath(config["output_dir"])
     throughput = ThroughputMonitor(config["batch_size"], group_size,
                                    os.path.join(output_dir, f"throughput_rank{rank}.json"), printer=log)
-    callbacks = [throughput, LossMonitor(config["log_interval"])]     # throughput is a TimeMonitor
+    # a loss that explodes and stays finite stops the run with a reason (mindspore_ngd.DivergenceMonitor);
+    # with dataset sinking it sees the last loss of each sink
+    callbacks = [throughput, LossMonitor(config["log_interval"]),      # throughput is a TimeMonitor
+                 ngd.DivergenceMonitor(name=type(optimizer).__name__)]
     if config["save_checkpoint_epochs"] > 0:
         ckpt_config = CheckpointConfig(save_checkpoint_steps=steps_per_epoch * config["save_checkpoint_epochs"],
                                        keep_checkpoint_max=config["keep_checkpoint_max"],

@@ -28,6 +28,20 @@ def test_zero_init_residual_zeroes_the_last_batchnorm_gamma_of_every_bottleneck(
     assert resnet50(num_classes=10).layer1[0].bn3.gamma.asnumpy().all()
 
 
+@pytest.mark.parametrize("config", ["resnet50_imagenet2012_thor_8p", "resnet50_imagenet2012_thor_gpu_8p"])
+def test_thor_recipes_build_the_network_nn_thor_was_tuned_on(config):
+    """nn.thor's published ResNet-50 values were tuned on the models repository's resnet_thor.py: the
+    last BatchNorm of every bottleneck starts at gamma 0 and the classifier has no bias."""
+    from src.config import load_config
+    settings = load_config(config)
+    net = build_network(settings["net"], 10, settings["net_options"])
+    names = [p.name for p in net.trainable_params()]
+    assert not any(n.startswith("fc.") and n.endswith("bias") for n in names)
+    assert sum(p.size for p in net.trainable_params()) == sum(p.size for p in resnet50(10).trainable_params()) - 10
+    gammas = [p.asnumpy() for p in net.trainable_params() if p.name.endswith("bn3.gamma")]
+    assert len(gammas) == 16 and not any(g.any() for g in gammas)
+
+
 def test_resnet50_forward_shape_on_a_small_input():
     ms.set_seed(0)
     net = resnet50(num_classes=1000)

@@ -20,11 +20,9 @@ from zoo import REPO, ZOO
 IMAGENET = ("resnet50_imagenet2012_kfac_8p", "resnet50_imagenet2012_spngd_bs4k",
             "resnet50_imagenet2012_thor_8p", "resnet50_imagenet2012_thor_gpu_8p")
 CIFAR = ("resnet_cifar10_kfac", "resnet_cifar10_spngd", "resnet_cifar10_thor")
-# Measured on 2026-11-26 with this command: both THOR ImageNet recipes raise the loss from 2.3 to 31-35
-# in 9 steps, finitely, and exit 0 (too few steps for the finite-divergence stop's patience of 10).
-# Issue 32 stays open for them.
-THOR_IMAGENET_DIVERGES = pytest.mark.xfail(reason="issue 32: nn.thor's published ResNet-50 hyper-parameters raise "
-                                                  "the loss at this size", strict=False)
+# measured 2026-11-27 with this command: epoch means 2.13, 1.04, 0.59 (Ascend values) and 2.12, 0.99, 0.61 (GPU
+# values); without the configs' kl_clip both rose to 2.8-3.0 in the third epoch (docs/performance.md)
+THOR_RECIPES = ("resnet50_imagenet2012_thor_8p", "resnet50_imagenet2012_thor_gpu_8p")
 LOSS = re.compile(r"epoch: (\d+) step: \d+, loss is ([^\s]+)")
 
 
@@ -49,12 +47,13 @@ def epoch_means(output):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", CIFAR + tuple(
-    pytest.param(c, marks=THOR_IMAGENET_DIVERGES) if "thor" in c else c for c in IMAGENET))
+@pytest.mark.parametrize("config", CIFAR + IMAGENET)
 def test_recipe_trains_three_epochs_or_stops_with_a_reason(config, tmp_path):
     proc = subprocess.run(recipe_command(config, tmp_path), cwd=REPO, capture_output=True, text=True,
                           timeout=3600, check=False)
     output = proc.stdout + proc.stderr
+    if config in THOR_RECIPES:       # nn.thor's published values (with the config's kl_clip) must train here
+        assert proc.returncode == 0, f"{config} stopped:\n{output[-3000:]}"
     if proc.returncode != 0:
         assert "diverged" in output, f"{config} failed without saying why:\n{output[-3000:]}"
         return

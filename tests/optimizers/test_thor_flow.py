@@ -69,8 +69,11 @@ def test_the_converted_model_trains_thor_as_model_train_does():
     assert opt.demoted_layers() == [] and all(a > 0 and g > 0 for a, g in opt.factor_updates().values())
 
 
-def test_the_converted_model_trains_thor_in_float16_with_amp_o2():
-    weights, opt = _flow("O2")
+@pytest.mark.parametrize("amp_level", ["O2", "O3"])
+def test_the_converted_model_trains_thor_in_float16(amp_level):
+    """O2 (with keep_batchnorm_fp32=False, as the models repository's train.py passes it) and O3 (the
+    whole network in float16)."""
+    weights, opt = _flow(amp_level)
     expected, start = _plain_thor()
     assert opt.state_counters()["step"] == STEPS and opt.state_counters()["skipped_steps"] == 0
     assert opt.demoted_layers() == [] and all(a > 0 and g > 0 for a, g in opt.factor_updates().values())
@@ -105,3 +108,27 @@ def test_the_monte_carlo_step_refuses_a_loss_that_is_not_a_mean():
     opt = ngd.KFAC(net, 0.1, fisher="mc", verbose=False)
     with pytest.raises(ValueError, match=r"MCFisherTrainStep: the loss SoftmaxCrossEntropyWithLogits reduces with 'none'"):
         ngd.MCFisherTrainStep(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True), opt)
+
+
+def test_the_converted_model_stops_a_finite_blow_up_with_a_reason():
+    """The models repository's train.py passes its own callbacks; the converted Model adds the loss-side
+    divergence stop to them. THOR at damping 1e-6 and lr 0.5 on a conv+BatchNorm net blows up and stays
+    finite (test_divergence_monitor.py); the optimizer's own gradient rule is switched off here."""
+    from benchmarks.models import ConvBNNet
+    rng = np.random.default_rng(0)
+    templates = rng.standard_normal((10, 3, 16, 16)).astype(np.float32)
+    y = (np.arange(256) % 10).astype(np.int32)
+    x = templates[y] + 0.5 * rng.standard_normal((256, 3, 16, 16)).astype(np.float32)
+    ms.set_seed(0)
+    net = ConvBNNet(widths=(3, 16, 32, 32))
+    loss = nn.CrossEntropyLoss(reduction="mean")
+    model = Model(net, loss, nn.Momentum(net.trainable_params(), 0.1, 0.9))
+    opt = ngd.thor(net, 0.5, 1e-6, 0.9, 5e-4, 1.0, 32, frequency=4, verbose=False, divergence_growth=None)
+    model = ngd.ConvertModelUtils().convert_to_thor_model(model=model, network=net, loss_fn=loss, optimizer=opt)
+    theirs = ms.train.TimeMonitor()
+    with pytest.raises(RuntimeError) as info:
+        model.train(5, array_dataset(x, y, 32, shuffle=False), callbacks=[theirs], dataset_sink_mode=False)
+    assert ngd.is_divergence(info.value) and "DivergenceMonitor" in str(info.value), str(info.value)
+    assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
+    mine = ngd.DivergenceMonitor(patience=50)          # a monitor of the caller's own is kept, not doubled
+    assert ngd.train.thor_flow._with_monitor([theirs, mine], opt) == [theirs, mine]

@@ -40,7 +40,7 @@ OPTIMIZER_SECTIONS = ("momentum", "kfac", "thor", "spngd")
 DEFAULTS = {
     # network and data
     "net": "resnet50",                 # resnet50 | resnet_cifar
-    "net_options": {},                 # resnet50: zero_init_residual; resnet_cifar: blocks_per_stage, width
+    "net_options": {},                 # resnet50: zero_init_residual, classifier_bias; resnet_cifar: blocks_per_stage, width
     "dataset": "imagenet2012",         # imagenet2012 | cifar10 (a data path "synthetic" replaces either)
     "data_path": "",                   # training data; "synthetic" for generated data
     "eval_dataset_path": "",           # evaluation data; default: derived from data_path (see README)

@@ -61,9 +61,13 @@ class ResNet(nn.Cell):
         num_classes (int): classifier outputs.
         zero_init_residual (bool): initialise the last BatchNorm gamma of every bottleneck to zero,
             so that each residual branch starts as the identity (Goyal et al. 2017).
+        classifier_bias (bool): give the classifier a bias. MindSpore's THOR ResNet-50
+            (``model_zoo/official/cv/resnet_thor/src/resnet_thor.py``: ``_fc`` without bias, ``_bn_last``
+            with gamma 0) has none, and starts every bottleneck's last BatchNorm at zero; nn.thor's
+            published ResNet-50 hyper-parameters were tuned on that network.
     """
 
-    def __init__(self, blocks=RESNET50_BLOCKS, num_classes=1000, zero_init_residual=False):
+    def __init__(self, blocks=RESNET50_BLOCKS, num_classes=1000, zero_init_residual=False, classifier_bias=True):
         super().__init__()
         self.conv1 = _conv(3, 64, 7, stride=2)
         self.bn1 = _bn(64)
@@ -81,7 +85,8 @@ class ResNet(nn.Cell):
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.flatten = nn.Flatten()
         bound = 1.0 / math.sqrt(in_ch)
-        self.fc = nn.Dense(in_ch, num_classes, weight_init=init.Uniform(bound), bias_init=init.Uniform(bound))
+        self.fc = nn.Dense(in_ch, num_classes, weight_init=init.Uniform(bound), bias_init=init.Uniform(bound),
+                           has_bias=bool(classifier_bias))
 
     def construct(self, x):
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
@@ -89,9 +94,10 @@ class ResNet(nn.Cell):
         return self.fc(self.flatten(self.pool(x)))
 
 
-def resnet50(num_classes=1000, zero_init_residual=False):
-    """ResNet-50 v1.5: 25,557,032 trainable parameters for 1000 classes."""
-    return ResNet(RESNET50_BLOCKS, num_classes, zero_init_residual)
+def resnet50(num_classes=1000, zero_init_residual=False, classifier_bias=True):
+    """ResNet-50 v1.5: 25,557,032 trainable parameters for 1000 classes (1,000 fewer without the
+    classifier's bias)."""
+    return ResNet(RESNET50_BLOCKS, num_classes, zero_init_residual, classifier_bias)
 
 
 class _BasicBlock(nn.Cell):
@@ -148,7 +154,7 @@ def _resnet_cifar(num_classes, blocks_per_stage=3, width=16):
 
 # network name -> (constructor, options it accepts besides num_classes)
 NETWORKS = {
-    "resnet50": (resnet50, ("zero_init_residual",)),
+    "resnet50": (resnet50, ("zero_init_residual", "classifier_bias")),
     "resnet_cifar": (_resnet_cifar, ("blocks_per_stage", "width")),
 }
 

@@ -122,7 +122,8 @@ def load_pretrained(path, network):
 
 
 def main_guard(function, program):
-    """Run ``function()``; report configuration, data and usage errors as one line and exit 2."""
+    """Run ``function()``; report configuration, data and usage errors as one line and exit 2, and the
+    divergence stop of an optimizer or of DivergenceMonitor as one line and exit 1."""
     from .dataset import DatasetError
     from .optimizer import OptimizerUnavailable
     try:
@@ -130,3 +131,9 @@ def main_guard(function, program):
     except (ConfigError, DatasetError, OptimizerUnavailable, UsageError) as err:
         print(f"{program}: error: {err}", file=sys.stderr)
         sys.exit(2)
+    except RuntimeError as err:
+        from mindspore_ngd import is_divergence
+        if not is_divergence(err):
+            raise
+        print(f"{program}: stopped: {err}", file=sys.stderr)      # training diverged: the reason, no traceback
+        sys.exit(1)

@@ -1,0 +1,97 @@
+"""The loss-side divergence stop (mindspore_ngd.DivergenceMonitor, issue 32): a loss that explodes and
+stays finite stops the run with the optimizers' kind of error; healthy losses never do."""
+import os
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import mindspore as ms
+from mindspore import nn, Tensor
+from mindspore.train import Model
+
+import mindspore_ngd as ngd
+from benchmarks.data import array_dataset
+from benchmarks.models import ConvBNNet
+
+os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
+
+
+def _feed(monitor, losses):
+    for value in losses:
+        monitor.observe(value)
+
+
+def test_patience_exploded_steps_stop_with_the_evidence():
+    monitor = ngd.DivergenceMonitor(growth=2.0, patience=3, name="THOR")
+    _feed(monitor, [2.3, 2.0, 5.0, 6.0])
+    assert monitor.run == 2
+    with pytest.raises(RuntimeError) as info:
+        monitor.observe(Tensor(np.float32(7.0)))
+    message = str(info.value)
+    assert ngd.is_divergence(info.value)
+    assert message.startswith("THOR diverged at step 5: the loss stayed above 2x the first step's 2.3 for 3 "
+                              "consecutive steps (now 7"), message
+    assert "Raise the damping" in message and "lower the learning rate" in message
+    assert monitor.worst == pytest.approx(7.0 / 2.3)
+
+
+def test_a_healthy_step_resets_and_a_non_finite_one_neither_counts_nor_resets():
+    monitor = ngd.DivergenceMonitor(growth=1.5, patience=3)
+    _feed(monitor, [float("nan"), 2.0, 4.0, 4.0, 1.0, 4.0, float("inf"), 4.0])
+    assert monitor.reference == 2.0            # the first finite loss
+    assert monitor.run == 2                    # reset by 1.0; the inf left the count at 1
+    with pytest.raises(RuntimeError, match="training diverged at step 9"):
+        monitor.observe(np.float32(3.5))
+
+
+def test_a_loss_scale_cells_output_tuple_is_read_by_its_loss():
+    monitor = ngd.DivergenceMonitor(growth=1.5, patience=1)
+    monitor.observe((Tensor(np.float32(2.0)), Tensor(False), Tensor(np.float32(128.0))))
+    monitor.observe((Tensor(np.float32(2.5)), Tensor(False), Tensor(np.float32(128.0))))
+    assert monitor.reference == 2.0 and monitor.run == 0
+    with pytest.raises(RuntimeError, match="now 3.5"):
+        monitor.observe((Tensor(np.float32(3.5)), Tensor(True), Tensor(np.float32(64.0))))
+
+
+def test_the_callback_reads_the_step_outputs_of_model_train():
+    monitor = ngd.DivergenceMonitor(growth=1.5, patience=2)
+    context = lambda loss: SimpleNamespace(original_args=lambda: SimpleNamespace(net_outputs=Tensor(np.float32(loss))))
+    for loss in (2.0, 3.5):
+        monitor.on_train_step_end(context(loss))
+    with pytest.raises(RuntimeError, match="diverged at step 3"):
+        monitor.on_train_step_end(context(4.0))
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    (dict(growth=1.0), ValueError, "growth must be a finite number > 1"),
+    (dict(growth=float("inf")), ValueError, "growth"),
+    (dict(growth="2"), TypeError, "growth"),
+    (dict(patience=0), ValueError, "patience"),
+    (dict(patience=2.5), TypeError, "patience"),
+    (dict(name=""), TypeError, "name"),
+])
+def test_bad_arguments_are_named(kwargs, error, words):
+    with pytest.raises(error, match=words):
+        ngd.DivergenceMonitor(**kwargs)
+
+
+def test_model_train_stops_a_finite_blow_up_before_the_optimizers_own_rule():
+    """THOR at damping 1e-6 and lr 0.5 on a conv+BatchNorm net blows up finitely (test_finite_divergence:
+    the optimizer's gradient rule stops it at step 13). The loss-side stop, patience 3, ends the same
+    Model.train run earlier, with the loss as evidence."""
+    rng = np.random.default_rng(0)
+    templates = rng.standard_normal((10, 3, 16, 16)).astype(np.float32)
+    y = (np.arange(256) % 10).astype(np.int32)
+    x = templates[y] + 0.5 * rng.standard_normal((256, 3, 16, 16)).astype(np.float32)
+    ms.set_seed(0)
+    net = ConvBNNet(widths=(3, 16, 32, 32))
+    opt = ngd.THOR(net, 0.5, 1e-6, 0.9, 5e-4, frequency=4, verbose=False)
+    monitor = ngd.DivergenceMonitor(patience=3, name="THOR")
+    model = Model(net, nn.CrossEntropyLoss(reduction="mean"), opt)
+    with pytest.raises(RuntimeError) as info:
+        model.train(5, array_dataset(x, y, 32, shuffle=False), callbacks=[monitor], dataset_sink_mode=False)
+    assert ngd.is_divergence(info.value)
+    assert "DivergenceMonitor growth=1.5, patience=3" in str(info.value), str(info.value)
+    assert monitor.steps < 13 and int(opt.finite_run.asnumpy()) < 10
+    assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
