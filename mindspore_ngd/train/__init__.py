@@ -2,7 +2,7 @@
 training step, callbacks, and the models repository's THOR flow (``thor``, ``ConvertModelUtils``)."""
 from .lean_step import NGDTrainOneStepCell
 from .mc_fisher import MCFisherTrainStep, sampled_label_loss
-from .callbacks import RefreshMonitor
+from .callbacks import RefreshMonitor, TrainingGuard
 from .thor_flow import ConvertModelUtils, thor
 
-__all__ = ["NGDTrainOneStepCell", "MCFisherTrainStep", "sampled_label_loss", "RefreshMonitor", "thor", "ConvertModelUtils"]
+__all__ = ["NGDTrainOneStepCell", "MCFisherTrainStep", "sampled_label_loss", "RefreshMonitor", "TrainingGuard", "thor", "ConvertModelUtils"]
