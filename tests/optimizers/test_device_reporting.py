@@ -6,6 +6,8 @@ prints its reports with ``ops.Print``, and ``opt.check_status()`` / :class:`mind
 raise the error on the host. These tests run that graph on CPU: the same numerics as the host-call
 graph while training is healthy, the same error message as the host-call graph's ``raise``, and
 weights that no step after the stop changes."""
+import logging
+
 import numpy as np
 import pytest
 
@@ -167,3 +169,38 @@ def test_training_guard_arguments():
         ngd.TrainingGuard(nn.Momentum(DenseNet().trainable_params(), 0.1, 0.9))
     with pytest.raises(ValueError, match="interval"):
         ngd.TrainingGuard(ngd.KFAC(DenseNet(), 0.1, verbose=False), interval=0)
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["demote", "strict"])
+def test_demoted_layers_are_reported_by_check_status(strict, caplog):
+    """A layer that captures nothing (``proj``, read like MultiheadAttention's out_proj): demoted with one
+    WARNING from check_status; with strict=True the next step stops (reason code 3, weights frozen) and
+    check_status raises the host-call graph's error naming the layer."""
+    from test_invisible_layers import Peeking, peeking_batch
+    x, y = (Tensor(a) for a in peeking_batch())
+    ms.set_seed(1)
+    net = Peeking()
+    opt = ngd.KFAC(net, learning_rate=0.1, strict=strict, verbose=False, host_calls=False)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, CE), opt)
+    step.set_train()
+    step(x, y)                                 # demotes proj (it already gets the plain update)
+    assert opt.demoted_layers() == ["proj"]
+    before = _weights(net)
+    step(x, y)
+    with caplog.at_level(logging.WARNING, logger="mindspore_ngd"):
+        if strict:
+            with pytest.raises(RuntimeError, match=r"KFAC: 1 preconditioned layer\(s\) captured no statistics on "
+                                                   r"their first capture step: proj\..*strict=True"):
+                opt.check_status()
+        else:
+            assert opt.check_status()["demoted_layers"] == ["proj"]
+            opt.check_status()                 # reported once
+    if strict:
+        assert opt.run_status.asnumpy().tolist()[:2] == [3, 1]
+        for name, value in _weights(net).items():
+            np.testing.assert_array_equal(value, before[name], err_msg=name)
+        assert not [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "mindspore_ngd"]
+    else:
+        warned = [r.getMessage() for r in caplog.records if r.name == "mindspore_ngd" and r.levelno == logging.WARNING]
+        assert len(warned) == 1 and "proj" in warned[0] and "demoted to the plain momentum update" in warned[0]
+        assert any(not np.array_equal(v, before[k]) for k, v in _weights(net).items())
