@@ -323,7 +323,8 @@ class Guard:
         skipped and the layers demoted since the last call. Call it between training calls, or let
         :class:`mindspore_ngd.TrainingGuard` call it from ``Model.train``.
 
-        With host calls the step raises itself; this method reads the same counters and raises nothing.
+        With host calls the step raises itself; this method raises nothing and reports ``stopped`` when
+        the divergence counts reached ``divergence_patience`` (the step of the stop is then None).
 
         Returns:
             dict: ``stopped`` (bool), ``reason`` (a :data:`STOP_REASONS` text), ``step`` (the step of the
@@ -334,7 +335,10 @@ class Guard:
         demoted = np.asarray(self.counters.demoted.asnumpy(), np.bool_).reshape(-1)
         out = {"stopped": False, "reason": STOP_REASONS[0], "step": None, "skipped_steps": skipped,
                "demoted_layers": [s.name for s, flag in zip(self.layer_specs, demoted) if flag]}
-        if self.host_calls:
+        if self.host_calls:                          # the step raised itself; report what the counts say
+            run, finite_run = int(self.nonfinite_run.asnumpy()), int(self.finite_run.asnumpy())
+            if max(run, finite_run) >= self.divergence_patience:
+                out.update(stopped=True, reason=STOP_REASONS[1 if run >= self.divergence_patience else 2])
             return out
         status = np.asarray(self.run_status.asnumpy()).reshape(-1)
         code, step, run, total, finite_run = (int(v) for v in status)

@@ -93,6 +93,16 @@ def _host_error(kind, batches, **kwargs):
     return str(info.value)
 
 
+def test_check_status_with_host_calls_reports_and_never_raises():
+    _, opt, step = _make("kfac", True, divergence_patience=2)
+    bad = np.full_like(data(0)[0], np.nan)
+    with pytest.raises(RuntimeError):
+        for _ in range(2):
+            step(Tensor(bad), Tensor(data(0)[1]))
+    status = opt.check_status()
+    assert status["stopped"] and status["reason"] == "non-finite gradients" and status["skipped_steps"] >= 1
+
+
 def test_non_finite_divergence_freezes_the_weights_and_check_status_raises_the_host_message(capfd):
     good = [data(t) for t in range(2)]
     bad = [(np.full_like(data(9)[0], np.nan), data(9)[1])] * 3
