@@ -3,11 +3,13 @@ from . import _log
 from .optim import KFAC, SPNGD, THOR, NGDOptimizer, Policy, default_decay_filter
 from .optim.guard import is_divergence
 from .inspect import kronecker_factors
-from .train import ConvertModelUtils, DivergenceMonitor, MCFisherTrainStep, NGDTrainOneStepCell, RefreshMonitor, thor
+from .train import (ConvertModelUtils, DivergenceMonitor, MCFisherTrainStep, NGDTrainOneStepCell, RefreshMonitor,
+                    TrainingGuard, thor)
 
 __version__ = "0.2.0"
 __all__ = ["KFAC", "SPNGD", "THOR", "NGDOptimizer", "Policy", "default_decay_filter", "is_divergence", "kronecker_factors",
-           "MCFisherTrainStep", "NGDTrainOneStepCell", "RefreshMonitor", "DivergenceMonitor", "thor", "ConvertModelUtils",
+           "MCFisherTrainStep", "NGDTrainOneStepCell", "RefreshMonitor", "DivergenceMonitor", "TrainingGuard", "thor",
+           "ConvertModelUtils",
            "__version__"]
 
 

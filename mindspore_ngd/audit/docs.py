@@ -14,7 +14,7 @@ import re
 from mindspore import ops, mint
 
 __all__ = ["DEVICES", "GRAPH_NODES", "COMPILER_INSERTED", "EMITTED_BY", "HOST_NODES", "Documentation",
-           "supported_platforms", "doc_reference", "documentation"]
+           "supported_platforms", "doc_reference", "documentation", "is_host_node"]
 
 DEVICES = ("Ascend", "GPU", "CPU")
 _LOG = logging.getLogger("mindspore_ngd.audit")
@@ -106,6 +106,18 @@ EMITTED_BY = {
     "PyExecute": (("mindspore.jit", _runtime_python_call),),
 }
 HOST_NODES = ("raise", "JoinedStr", "PyExecute")
+# Scalar operations of graph-mode Python (``not x``, ``a + b`` on Python scalars and their results):
+# computed by the host's graph executor, no documented device kernel. ``bool_not`` and MindSpore's
+# ``_scalar_ops`` primitives, under their IR names.
+_HOST_SCALAR = re.compile(r"^(Scalar[A-Z]\w*|bool_not|scalar_\w+)$")
+
+
+def is_host_node(name):
+    """Whether an IR primitive runs on the host, in Python or the graph executor, not as a device
+    kernel: the JIT-fallback nodes (:data:`HOST_NODES`) and the scalar operations of graph-mode Python
+    (``ScalarBoolNot``, ``ScalarAdd``, ...). The strict audit fails every one of them on Ascend and GPU."""
+    base = name[len("PrimFunc_"):] if name.startswith("PrimFunc_") else name
+    return base in HOST_NODES or bool(_HOST_SCALAR.match(base))
 
 # where Primitive classes live, searched in this order
 _PRIMITIVE_MODULES = (
@@ -217,9 +229,15 @@ class Documentation:
     platforms: tuple
     source: str
 
-    def documented_for(self, device):
+    def documented_for(self, device, strict=True):
+        """Whether the node may be in a graph for ``device``. ``strict`` (default): a host node (kind
+        "host": JIT-fallback Python, scalar host operations) passes on CPU only -- Ascend's GE and GPU
+        graphs run whole on the device, with no host round trip inside a step; not strict, it passes
+        where its documentation (``mindspore.jit``'s) lists the device."""
         if self.kind in ("graph", "compiler"):
             return True
+        if self.kind == "host" and strict and device != "CPU":
+            return False
         return self.platforms is not None and device in self.platforms
 
 
@@ -241,6 +259,9 @@ def documentation(name):
         return Documentation(name, "graph", None, GRAPH_NODES[base])
     if base in COMPILER_INSERTED:
         return Documentation(name, "compiler", None, COMPILER_INSERTED[base])
+    if _HOST_SCALAR.match(base):
+        return Documentation(name, "host", ("CPU",), "scalar operation of graph-mode Python, run by the host's "
+                             "graph executor (no device kernel documented)")
     if base in EMITTED_BY:
         union, sources = set(), []
         for api, _ in EMITTED_BY[base]:

@@ -33,6 +33,16 @@ ARGUMENTS = {
         "    the first finite step's (> 1), or when adaptive damping's multiplier sits at its maximum while\n"
         '    the steps still overshoot; None keeps only the second test. Default 1e3 (docs/algorithms.md).'
     ),
+    "host_calls": (
+        'host_calls: whether the compiled step may call back into Python: "auto" (default) -- True\n'
+        "    when the context's ``device_target`` is CPU at construction, False on Ascend and GPU (whose\n"
+        '    graphs run whole on the device, e.g. GE sink mode). True: the step raises the divergence stop\n'
+        '    and logs skipped steps and demoted layers itself. False: no host call in the graph; the step\n'
+        '    records a stop in the ``{prefix}.status`` Parameter, prints its reports with ``ops.Print`` and\n'
+        '    freezes the weights from the stop on; ``opt.check_status()`` or the\n'
+        '    :class:`mindspore_ngd.TrainingGuard` callback raises the same error on the host\n'
+        '    (docs/limitations.md, "Devices without host calls").'
+    ),
     "params": (
         "params (list): parameter groups as ``nn.Momentum``'s ``params``: a list of the network's\n"
         '    Parameters, or of dicts with "params" and optionally "lr", "weight_decay" and\n'

@@ -61,7 +61,7 @@ from .layers import discover, parameter_roles, plain_layers
 from .argdocs import shared_arguments
 from .policy import Policy, check_arguments, default_decay_filter, resolve_nesterov
 from .fold import Fold
-from .guard import Guard, check_divergence_growth, refuse_compile_cache
+from .guard import Guard, check_divergence_growth, refuse_compile_cache, resolve_host_calls
 from .precondition import Precondition
 from .refresh import Refresh
 from .report import Inspection, not_training_message, report_invisible
@@ -128,6 +128,7 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
             many times the gradient norm of the first finite step (> 1; None: only adaptive damping's
             multiplier pinned at ``max_damping_boost`` while the steps still overshoot counts).
             Default 1e3 (docs/algorithms.md, "Fault handling").
+        @host_calls@
         @params@
     """
 
@@ -135,7 +136,7 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
                  *, damping=1e-3, factor_decay=0.95, policy=Policy(),
                  decay_filter=None, skip_layers=(), verbose=None, distributed="auto", grad_worker_fraction=None,
                  balance="compute", divergence_patience=10, params=None, strict=False, nesterov=None,
-                 divergence_growth=1e3):
+                 divergence_growth=1e3, host_calls="auto"):
         learning_rate, momentum, weight_decay, factor_decay, loss_scale, policy = check_arguments(
             network, learning_rate, damping, momentum, weight_decay, factor_decay, loss_scale, policy, decay_filter,
             balance, type(self).__name__)
@@ -143,7 +144,9 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         nesterov = resolve_nesterov(use_nesterov, nesterov, warn=False)
         divergence_patience = _validate.positive_int("divergence_patience", divergence_patience)
         divergence_growth = check_divergence_growth(divergence_growth)
-        refuse_compile_cache(type(self).__name__)
+        host_calls = resolve_host_calls(host_calls)
+        if host_calls:
+            refuse_compile_cache(type(self).__name__)
         if not isinstance(strict, bool):
             raise TypeError(f"strict must be a bool, got {type(strict).__name__}")
         if not list(network.trainable_params()):
@@ -227,7 +230,7 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         self._guard_name = type(self).__name__
         self._lean = False        # compile-time: set only by NGDTrainOneStepCell for its lean graph
         self._build_guard(prefix, policy.adaptive_damping, divergence_patience, policy.max_damping_boost, 0.9,
-                          divergence_growth)
+                          divergence_growth, host_calls)
         attach(cells, [b.capture for b in self.blocks])
         attach(norm_cells, [b.capture for b in self.norm_blocks])
         # the capturing cells, held outside the cell tree (not child cells of the optimizer): their

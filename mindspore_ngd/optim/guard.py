@@ -57,6 +57,17 @@ WARNING level. The stop's message is built on the host, in the one reporting cal
 Both are host calls from the compiled graph (MindSpore's graph-mode ``raise`` and
 Python calls in a run-time branch). MindSpore 2.10 cannot save a graph with host calls in its
 compile cache, so :func:`refuse_compile_cache` stops an optimizer built while the cache is on.
+
+Without host calls (``host_calls=False``; "auto" picks it on Ascend and GPU, whose graphs -- GE's
+whole-graph sink on Ascend -- run without a host round trip inside a step) the step computes the same
+counts and stop conditions but records the stop in Parameters: ``{prefix}.status`` (int32: reason code
+of :data:`STOP_REASONS`, step, non-finite run, skipped steps, finite run; all 0 while running) and
+``{prefix}.divergence.evidence`` (float32: gradient norm, reference, growth, pinned, multiplier, max
+multiplier, rho). From the stop on every step is frozen (treated as a skipped step: no weight, moment or
+factor changes). Skipped steps, demotions and the stop are printed by ``ops.Print`` (documented for
+Ascend, GPU and CPU). :meth:`Guard.check_status` raises on the host the message the host-call graph
+raises (:func:`stop_message` builds both); :class:`mindspore_ngd.TrainingGuard` calls it from
+``Model.train``. Healthy steps are bit-identical in both graphs (tests/optimizers/test_device_reporting.py).
 """
 import functools
 import logging
@@ -71,8 +82,8 @@ from .. import _validate
 from .._graph import first
 from .update import dots_after, flat_after, parameter_rates
 
-__all__ = ["Guard", "DIVERGED", "BOOST_UP", "BOOST_DOWN", "is_divergence", "check_divergence_growth",
-           "refuse_compile_cache"]
+__all__ = ["Guard", "DIVERGED", "BOOST_UP", "BOOST_DOWN", "DEVICE_HOST_CALLS", "STOP_REASONS", "is_divergence",
+           "check_divergence_growth", "resolve_host_calls", "refuse_compile_cache", "stop_message"]
 
 logger = logging.getLogger("mindspore_ngd")
 
@@ -80,6 +91,24 @@ DIVERGED = "diverged at step"
 BOOST_UP = 1.5
 BOOST_DOWN = 1.2
 REINVERT_RATIO = 2.0
+
+# host_calls="auto": whether the step may call back into Python, per device target. GE (Ascend's
+# default back-end) and GPU graphs run whole-graph on the device: no host callback inside the step
+DEVICE_HOST_CALLS = {"CPU": True, "GPU": False, "Ascend": False}
+# the reason codes of ``{prefix}.status[0]`` (host_calls=False)
+STOP_REASONS = {0: "running", 1: "non-finite gradients", 2: "finite steps that explode",
+                3: "a layer captured nothing (strict=True)"}
+
+
+def resolve_host_calls(value, device_target=None):
+    """``host_calls`` resolved to a bool: "auto" is :data:`DEVICE_HOST_CALLS` of ``device_target``
+    (default: the context's, read now); TypeError for anything but "auto" or a bool."""
+    if isinstance(value, bool):
+        return value
+    if value != "auto":
+        raise TypeError(f'host_calls must be "auto", True or False, got {value!r}')
+    target = device_target or ms.get_context("device_target")
+    return DEVICE_HOST_CALLS.get(target, False)
 
 
 def refuse_compile_cache(owner):
@@ -128,7 +157,16 @@ def _alert(name, finite, step, run, total, demoted, report_demoted, patience, ev
                        "moments unchanged", name, step, run, int(total))
     if np.asarray(demoted).any():
         report_demoted(demoted)
-    finite_run, norm, reference, growth, pinned, boost, max_boost, rho = (np.asarray(v).item() for v in evidence)
+    return stop_message(name, step, run, total, patience, *(np.asarray(v).item() for v in evidence))
+
+
+def stop_message(name, step, run, total, patience, finite_run, norm, reference, growth, pinned, boost, max_boost,
+                 rho):
+    """The message of the divergence stop at ``step`` ("" when none is due): ``run`` consecutive
+    non-finite steps (``total`` skipped in all), or ``finite_run`` consecutive finite steps that explode,
+    with the evidence of :meth:`Guard._exploding`. Built on the host, by the host call of the step
+    (``host_calls=True``) or by :meth:`Guard.check_status` from the recorded status."""
+    step, run, patience = int(step), int(run), int(patience)
     if run >= patience:
         return (f"{name} {DIVERGED} {step}: {run} consecutive steps with a non-finite gradient ({int(total)} skipped "
                 f"in total; damping multiplier {boost:g}). {ADVICE}")
@@ -149,7 +187,8 @@ class Guard:
     """Graph-mode methods of :class:`mindspore_ngd.NGDOptimizer` for adaptive damping and divergence
     (a mixin; see the module docstring). ``_build_guard`` creates its state Parameters."""
 
-    def _build_guard(self, prefix, adaptive, patience, max_boost, ratio_decay, growth):
+    def _build_guard(self, prefix, adaptive, patience, max_boost, ratio_decay, growth, host_calls=True):
+        self.host_calls = bool(host_calls)
         self.adaptive_damping = bool(adaptive)
         self.divergence_patience = int(patience)
         self.divergence_growth = None if growth is None else float(growth)
@@ -174,6 +213,24 @@ class Guard:
         # consecutive finite steps that explode (see the module docstring)
         self.grad_reference = scalar(0.0, "divergence.grad_reference")
         self.finite_run = scalar(0, "divergence.finite_run", np.int32)
+        # without host calls: the stop, recorded where the host reads it (check_status) -- status: (reason
+        # code of STOP_REASONS, step, non-finite run, skipped steps, finite run) at the stop, 0 while
+        # running; evidence: (gradient norm, reference, growth, pinned, multiplier, max multiplier, rho)
+        self.run_status = self.stop_evidence = None
+        if not self.host_calls:
+            self.run_status = scalar(np.zeros(5), "status", np.int32)
+            self.stop_evidence = scalar(np.zeros(7), "divergence.evidence")
+            name = self._guard_name
+            self._print = ops.Print()
+            self._print_texts = (
+                f"{name}: step", "skipped: non-finite gradient; weights and moments unchanged. In a row:",
+                f"{name}: layers demoted to the plain update (captured nothing; flags in layer order, names "
+                "from opt.check_status()):",
+                f"{name} stopped at step", "-- the weights are frozen from this step on; opt.check_status() (or "
+                "the mindspore_ngd.TrainingGuard callback) raises the reason. Reason code (1 non-finite "
+                "gradients, 2 finite steps that explode, 3 a layer captured nothing with strict=True):")
+        self._reported_skips = 0
+        self._reported_demoted = np.zeros(self.num_layers, np.bool_)
         # v_{t+1}, concatenated after the update of step t (see the module docstring)
         self.kept_moments = None
         if self.adaptive_damping and not self.is_group_lr:
@@ -195,6 +252,13 @@ class Guard:
 
     # ------------------------------------------------------------------ before the update
     def _watch(self, flat, finite, step, demoted):
+        """The watch of the step before the update: :meth:`_watch_host` with host calls,
+        :meth:`_watch_device` without. Returns whether the step may change the weights."""
+        if self.host_calls:
+            return self._watch_host(flat, finite, step, demoted)
+        return self._watch_device(flat, finite, step, demoted)
+
+    def _watch_host(self, flat, finite, step, demoted):
         """Report a skipped step and the layers demoted in the previous step (``demoted``, a bool
         vector), stop a diverged run (non-finite, or finite and exploding: :meth:`_exploding`); returns
         ``finite`` (for ordering). One run-time branch holds every host call of the step: more than
@@ -210,6 +274,99 @@ class Guard:
             if ops.logical_or(run >= patience, finite_run >= patience):
                 raise RuntimeError(message)
         return finite
+
+    def _watch_device(self, flat, finite, step, demoted):
+        """:meth:`_watch_host` without a host call (``host_calls=False``, Ascend and GPU by default):
+        the same counts and the same stop conditions, but the stop is recorded in ``{prefix}.status``
+        and ``{prefix}.divergence.evidence`` (read by :meth:`check_status`), the reports are
+        ``ops.Print`` lines, and from the stop on every step is frozen: it changes no weight, moment or
+        factor (it is skipped, as a non-finite step). With ``strict``, a demoted layer stops the run the
+        same way. Returns ``finite`` and-ed with "not stopped"."""
+        run = ops.where(finite, ops.zeros((), ms.int32), self.nonfinite_run + 1)
+        ops.assign(self.nonfinite_run, run)
+        finite_run, evidence = self._exploding(flat, finite)
+        patience = self.divergence_patience
+        status = self.run_status * 1
+        live = status[0] <= 0
+        zero = ops.zeros((), ms.int32)
+        reason = ops.where(run >= patience, ops.fill(ms.int32, (), 1),
+                           ops.where(finite_run >= patience, ops.fill(ms.int32, (), 2), zero))
+        any_demoted = ops.any(demoted)
+        if self.strict:
+            reason = ops.where(ops.logical_and(reason <= 0, any_demoted), ops.fill(ms.int32, (), 3), reason)
+        stops = ops.logical_and(live, reason > 0)
+        total = self.skipped_steps + 1
+        record = ops.stack((reason, ops.cast(step, ms.int32), run, ops.cast(total, ms.int32), finite_run))
+        ops.assign(self.run_status, ops.where(stops, record, status))
+        # (indexed, not unpacked: an unused element of the tuple is an isolated node MindSpore warns about)
+        values = ops.stack((evidence[1], evidence[2], evidence[3], ops.cast(evidence[4], ms.float32), evidence[5],
+                            evidence[6], evidence[7]))
+        ops.assign(self.stop_evidence, ops.where(stops, values, self.stop_evidence * 1))
+        texts = self._print_texts
+        if ops.logical_and(live, ops.logical_not(finite)):
+            self._print(texts[0], step, texts[1], run)
+        if ops.logical_and(live, any_demoted):
+            self._print(texts[2], demoted)
+        if stops:
+            self._print(texts[3], step, texts[4], reason)
+        return ops.logical_and(finite, ops.logical_not(ops.logical_or(stops, ops.logical_not(live))))
+
+    # ------------------------------------------------------------------ host side
+    def check_status(self):
+        """Read the optimizer's status on the host; raise the reason of a stop.
+
+        Without host calls (``host_calls=False``; the default on Ascend and GPU) the compiled step
+        cannot raise: it records a stop in ``{prefix}.status`` and freezes the weights, and this method
+        raises the ``RuntimeError`` the step would have raised with host calls (the same message:
+        :func:`mindspore_ngd.is_divergence` recognises it; with ``strict``, the error naming the layers
+        that captured nothing). It also logs, on the "mindspore_ngd" logger, the WARNINGs of the steps
+        skipped and the layers demoted since the last call. Call it between training calls, or let
+        :class:`mindspore_ngd.TrainingGuard` call it from ``Model.train``.
+
+        With host calls the step raises itself; this method raises nothing and reports ``stopped`` when
+        the divergence counts reached ``divergence_patience`` (the step of the stop is then None).
+
+        Returns:
+            dict: ``stopped`` (bool), ``reason`` (a :data:`STOP_REASONS` text), ``step`` (the step of the
+            stop, or None), ``skipped_steps``, ``demoted_layers`` (names).
+        """
+        name = self._guard_name
+        skipped = int(self.skipped_steps.asnumpy())
+        demoted = np.asarray(self.counters.demoted.asnumpy(), np.bool_).reshape(-1)
+        out = {"stopped": False, "reason": STOP_REASONS[0], "step": None, "skipped_steps": skipped,
+               "demoted_layers": [s.name for s, flag in zip(self.layer_specs, demoted) if flag]}
+        if self.host_calls:                          # the step raised itself; report what the counts say
+            run, finite_run = int(self.nonfinite_run.asnumpy()), int(self.finite_run.asnumpy())
+            if max(run, finite_run) >= self.divergence_patience:
+                out.update(stopped=True, reason=STOP_REASONS[1 if run >= self.divergence_patience else 2])
+            return out
+        status = np.asarray(self.run_status.asnumpy()).reshape(-1)
+        code, step, run, total, finite_run = (int(v) for v in status)
+        new = np.logical_and(demoted, np.logical_not(self._reported_demoted))
+        if skipped > self._reported_skips and code == 0:
+            logger.warning("%s: %d step(s) skipped since the last check: non-finite gradient (%d in total, %d in a "
+                           "row now); weights and moments unchanged", name, skipped - self._reported_skips, skipped,
+                           int(self.nonfinite_run.asnumpy()))
+        self._reported_skips = skipped
+        if new.any() and code != 3:
+            self._reported_demoted = demoted.copy()
+            self._report_invisible(new)
+        if code == 0:
+            return out
+        out.update(stopped=True, reason=STOP_REASONS.get(code, str(code)), step=step)
+        if code == 3:
+            self._report_invisible(demoted)          # strict: raises the error naming the layers
+        evidence = np.asarray(self.stop_evidence.asnumpy(), np.float64).reshape(-1).tolist()
+        message = stop_message(name, step, run, total, self.divergence_patience, finite_run, *evidence)
+        raise RuntimeError(message or f"{name} stopped at step {step}: {out['reason']}")
+
+    def clear_status(self):
+        """Clear a recorded stop (``host_calls=False``) and the divergence counts, so that training can go
+        on, e.g. after a checkpoint of the frozen run was loaded and the damping or learning rate
+        changed. The weights are as they were before the stop."""
+        for param in (self.nonfinite_run, self.finite_run, self.run_status):
+            if param is not None:
+                param.set_data(Tensor(np.zeros(param.shape, np.int32)))
 
     def _exploding(self, flat, finite):
         """Count the consecutive finite steps that explode: (the new count, the evidence for the

@@ -93,6 +93,7 @@ class KFAC(NGDOptimizer):
                  jitter=1e-6, decay_filter=None, skip_layers=(), fisher="empirical", verbose=None,
                  distributed="auto", grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, divergence_growth=1e3, params=None, strict=False,
+                 host_calls="auto",
                  stat_fraction=1.0, stat_stride=1, nesterov=None, split_dim=None):
         policy = Policy(name="kfac", refresh=FixedInterval(factor_update_interval, inverse_update_interval),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip, jitter=jitter,
@@ -105,4 +106,5 @@ class KFAC(NGDOptimizer):
                          skip_layers=skip_layers, verbose=verbose, distributed=distributed,
                          grad_worker_fraction=grad_worker_fraction, balance=balance,
                          divergence_patience=divergence_patience, divergence_growth=divergence_growth, params=params,
+                         host_calls=host_calls,
                          strict=strict)

@@ -101,6 +101,7 @@ class SPNGD(NGDOptimizer):
                  decay_filter=None, skip_layers=(), verbose=None, distributed="auto",
                  grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, divergence_growth=1e3, params=None, strict=False,
+                 host_calls="auto",
                  stat_fraction=1.0, stat_stride=1, refresh_measure="damped", nesterov=None, split_dim=None):
         floor = _validate.non_negative_float("weight_decay", weight_decay)
         policy = Policy(name="spngd", refresh=StaleIntervals(refresh_threshold, max_interval, stale, refresh_measure),
@@ -114,4 +115,5 @@ class SPNGD(NGDOptimizer):
                          skip_layers=skip_layers, verbose=verbose, distributed=distributed,
                          grad_worker_fraction=grad_worker_fraction, balance=balance,
                          divergence_patience=divergence_patience, divergence_growth=divergence_growth, params=params,
+                         host_calls=host_calls,
                          strict=strict)

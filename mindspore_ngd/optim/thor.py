@@ -61,7 +61,8 @@ class THOR(NGDOptimizer):
     ``kl_clip`` (None), ``inverse_method`` ("auto": the device target's path, as :class:`mindspore_ngd.KFAC`; or
     "cholesky", "lu", "eigh", "newton", "newton_split"), ``jitter`` (1e-6), ``verbose`` (None), ``strict`` (False: a layer that
     captures nothing is demoted to the plain update with a WARNING), ``adaptive_damping`` (True),
-    ``divergence_patience`` (10) and ``divergence_growth`` (1e3) as :class:`mindspore_ngd.KFAC`, and the
+    ``divergence_patience`` (10), ``divergence_growth`` (1e3) and ``host_calls`` ("auto": True on CPU,
+    False on Ascend and GPU) as :class:`mindspore_ngd.KFAC`, and the
     distributed knobs ``distributed`` ("auto"), ``grad_worker_fraction`` (None: 1/N) and ``balance``
     ("compute"; ownership balanced on the block-split inversion cost), and ``params`` (parameter groups as
     ``nn.Momentum``'s, see :mod:`mindspore_ngd.optim.groups`), as :class:`mindspore_ngd.NGDOptimizer`.
@@ -84,6 +85,7 @@ class THOR(NGDOptimizer):
                  kl_clip=None, inverse_method="auto", jitter=1e-6, verbose=None, distributed="auto",
                  grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, divergence_growth=1e3, params=None, strict=False,
+                 host_calls="auto",
                  stat_fraction=1.0, stat_stride=1):
         if batch_size is not None:
             _validate.positive_int("batch_size", batch_size)
@@ -104,4 +106,5 @@ class THOR(NGDOptimizer):
                          policy=policy, nesterov=use_nesterov, decay_filter=decay_filter, verbose=verbose,
                          distributed=distributed, grad_worker_fraction=grad_worker_fraction, balance=balance,
                          divergence_patience=divergence_patience, divergence_growth=divergence_growth, params=params,
+                         host_calls=host_calls,
                          strict=strict)

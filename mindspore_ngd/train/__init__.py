@@ -3,9 +3,9 @@ training step, callbacks (the refresh report, the loss-side divergence stop), an
 repository's THOR flow (``thor``, ``ConvertModelUtils``)."""
 from .lean_step import NGDTrainOneStepCell
 from .mc_fisher import MCFisherTrainStep, sampled_label_loss
-from .callbacks import RefreshMonitor
+from .callbacks import RefreshMonitor, TrainingGuard
 from .divergence import DivergenceMonitor
 from .thor_flow import ConvertModelUtils, thor
 
 __all__ = ["NGDTrainOneStepCell", "MCFisherTrainStep", "sampled_label_loss", "RefreshMonitor", "DivergenceMonitor",
-           "thor", "ConvertModelUtils"]
+           "TrainingGuard", "thor", "ConvertModelUtils"]

@@ -1,10 +1,10 @@
-"""Callbacks that report what a natural-gradient optimizer did during training."""
+"""Callbacks that report what a natural-gradient optimizer did during training, and stop it with a reason."""
 
 from mindspore.train import Callback
 
 from .. import _log
 
-__all__ = ["RefreshMonitor"]
+__all__ = ["RefreshMonitor", "TrainingGuard"]
 
 
 
@@ -49,3 +49,56 @@ class RefreshMonitor(Callback):
         epoch = run_context.original_args().cur_epoch_num
         self.history.append((epoch, steps, ratio))
         _log.info(self.verbose, "epoch %d: %d steps, refresh ratio %.3f (%d statistics)", epoch, steps, ratio, count)
+
+
+class TrainingGuard(Callback):
+    """Stops ``Model.train`` with the optimizer's reason when its step recorded a stop.
+
+    An optimizer built with ``host_calls=False`` (the default on Ascend and GPU, whose graphs run
+    whole on the device) cannot raise from its step: at a divergence it records the stop, prints it
+    with ``ops.Print`` and freezes the weights. This callback calls ``optimizer.check_status()`` at the
+    end of every ``interval``-th step (with ``dataset_sink_mode=True``: every sink cycle) and at the
+    end of every epoch; that raises the same ``RuntimeError`` the step raises with host calls
+    (:func:`mindspore_ngd.is_divergence` recognises it), which ends ``Model.train``. It also logs the
+    WARNINGs of the steps skipped and the layers demoted since the previous check. With host calls
+    (CPU's default) the step raises by itself and the callback finds nothing to report.
+
+    Args:
+        optimizer: an optimizer of this package (:class:`mindspore_ngd.NGDOptimizer`).
+        interval (int): check every this many step ends (>= 1; each check reads a few scalars from
+            the device). Default 1.
+
+    Attributes:
+        error: the ``RuntimeError`` that stopped training, or None.
+
+    Examples:
+        >>> model.train(epochs, dataset, callbacks=[mindspore_ngd.TrainingGuard(opt)], dataset_sink_mode=True)
+    """
+
+    def __init__(self, optimizer, interval=1):
+        super().__init__()
+        if not callable(getattr(optimizer, "check_status", None)):
+            raise TypeError(f"TrainingGuard needs an optimizer of mindspore_ngd (with check_status), "
+                            f"got {type(optimizer).__name__}")
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ValueError(f"interval must be an int >= 1, got {interval!r}")
+        self.optimizer = optimizer
+        self.interval = interval
+        self.error = None
+        self._ends = 0
+
+    def _check(self, run_context):
+        try:
+            self.optimizer.check_status()
+        except RuntimeError as error:
+            self.error = error
+            run_context.request_stop()
+            raise
+
+    def on_train_step_end(self, run_context):
+        self._ends += 1
+        if self._ends % self.interval == 0:
+            self._check(run_context)
+
+    def on_train_epoch_end(self, run_context):
+        self._check(run_context)

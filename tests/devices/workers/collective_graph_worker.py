@@ -42,7 +42,9 @@ def main():
     comm.BACKEND_SUPPORT["mccl"] = dict(comm.BACKEND_SUPPORT[args.backend])
     inputs = audit.audit_inputs()
     base, base_error = _graph(audit.build_train_step("momentum"), inputs, audit)
-    step = audit.build_train_step(args.optimizer, audit.device_inverse_method(device))
+    # the device's graph: its inversion path and no host calls (host_calls="auto" on Ascend and GPU)
+    step = audit.build_train_step(args.optimizer, audit.device_inverse_method(device),
+                                  host_calls=audit.device_host_calls(device))
     opt = step.optimizer
     graph, error = _graph(step, inputs, audit)
     added = {name: sources for name, sources in graph.items() if name not in base}
@@ -52,6 +54,7 @@ def main():
         "describe": opt.communicator.describe() if getattr(opt, "communicator", None) else None,
         "added": sorted(added), "baseline_collectives": sorted(n for n in base if n.startswith("All")),
         "ok": {d: r.ok for d, r in reports.items()},
+        "host_nodes": {d: list(r.host_nodes) for d, r in reports.items()},
         "undocumented": {d: list(r.undocumented) for d, r in reports.items()},
         "backend_error": error, "baseline_error": base_error,
     })
