@@ -18,6 +18,7 @@ from mindspore import nn
 from .._validate import check_mean_loss
 from ..optim.engine import NGDOptimizer
 from ..optim.thor import THOR
+from .callbacks import TrainingGuard
 from .divergence import DivergenceMonitor
 
 __all__ = ["thor", "ConvertModelUtils", "GuardedModel"]
@@ -82,8 +83,8 @@ class ConvertModelUtils:
 
 
 def _with_monitor(callbacks, optimizer):
-    """``callbacks`` (None, one Callback or a list) with a :class:`DivergenceMonitor` appended, unless
-    one is there already."""
+    """``callbacks`` (None, one Callback or a list) with a :class:`DivergenceMonitor` appended, and a
+    :class:`TrainingGuard` for an optimizer without host calls, unless they are there already."""
     if callbacks is None:
         callbacks = []
     elif not isinstance(callbacks, (list, tuple)):
@@ -91,13 +92,16 @@ def _with_monitor(callbacks, optimizer):
     callbacks = list(callbacks)
     if not any(isinstance(c, DivergenceMonitor) for c in callbacks):
         callbacks.append(DivergenceMonitor(name=type(optimizer).__name__))
+    if not getattr(optimizer, "host_calls", True) and not any(isinstance(c, TrainingGuard) for c in callbacks):
+        callbacks.append(TrainingGuard(optimizer))        # Ascend / GPU: the step records a stop, this raises it
     return callbacks
 
 
 class GuardedModel(ms.train.Model):
     """The ``Model`` that :meth:`ConvertModelUtils.convert_to_thor_model` returns: MindSpore's ``Model``
     whose ``train`` and ``fit`` add a :class:`mindspore_ngd.DivergenceMonitor` to the callbacks (unless
-    the caller passed one), so that a run whose loss explodes while staying finite stops with a reason
+    the caller passed one), and a :class:`mindspore_ngd.TrainingGuard` when the optimizer runs without
+    host calls (Ascend, GPU), so that a run whose loss explodes while staying finite stops with a reason
     in the models repository's flow too, whose ``train.py`` passes its own callback list."""
 
     def train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=False, sink_size=-1, initial_epoch=0):

@@ -152,6 +152,9 @@ def train(args, config):
     # with dataset sinking it sees the last loss of each sink
     callbacks = [throughput, LossMonitor(config["log_interval"]),      # throughput is a TimeMonitor
                  ngd.DivergenceMonitor(name=type(optimizer).__name__)]
+    if not getattr(optimizer, "host_calls", True):
+        # Ascend / GPU: the step records a divergence stop on the device; this raises it on the host
+        callbacks.append(ngd.TrainingGuard(optimizer))
     if config["save_checkpoint_epochs"] > 0:
         ckpt_config = CheckpointConfig(save_checkpoint_steps=steps_per_epoch * config["save_checkpoint_epochs"],
                                        keep_checkpoint_max=config["keep_checkpoint_max"],

@@ -132,3 +132,17 @@ def test_the_converted_model_stops_a_finite_blow_up_with_a_reason():
     assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
     mine = ngd.DivergenceMonitor(patience=50)          # a monitor of the caller's own is kept, not doubled
     assert ngd.train.thor_flow._with_monitor([theirs, mine], opt) == [theirs, mine]
+
+
+def test_the_converted_model_adds_the_training_guard_without_host_calls():
+    """On Ascend and GPU (host_calls=False) the step cannot raise; the converted Model's callbacks then
+    include the TrainingGuard that raises the recorded stop."""
+    net = BNNet()
+    with_host = ngd.thor(net, 0.1, _damping(), 0.9, verbose=False)
+    without = ngd.thor(net, 0.1, _damping(), 0.9, verbose=False, host_calls=False)
+    kinds = lambda callbacks: sorted(type(c).__name__ for c in callbacks)
+    assert kinds(ngd.train.thor_flow._with_monitor(None, with_host)) == ["DivergenceMonitor"]
+    assert kinds(ngd.train.thor_flow._with_monitor(None, without)) == ["DivergenceMonitor", "TrainingGuard"]
+    guard = ngd.TrainingGuard(without)
+    assert ngd.train.thor_flow._with_monitor([guard], without)[0] is guard
+    assert len(ngd.train.thor_flow._with_monitor([guard], without)) == 2
