@@ -18,6 +18,14 @@ def batch(seed, n=8, shape=(2, 5, 5), classes=3):
             Tensor(rng.integers(0, classes, n).astype(np.int32)))
 
 
+def template_images(size=256, classes=10, hw=16, seed=0):
+    """The model zoo's kind of synthetic images: a fixed random template per class plus 0.5 noise."""
+    rng = np.random.default_rng(seed)
+    templates = rng.standard_normal((classes, 3, hw, hw)).astype(np.float32)
+    y = (np.arange(size) % classes).astype(np.int32)
+    return templates[y] + 0.5 * rng.standard_normal((size, 3, hw, hw)).astype(np.float32), y
+
+
 def train_step(net, opt, loss=CE):
     """``nn.TrainOneStepCell`` of ``net`` under ``loss``, in training mode."""
     step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt)

@@ -13,6 +13,7 @@ from mindspore.train import Model
 import mindspore_ngd as ngd
 from benchmarks.data import array_dataset
 from benchmarks.models import ConvBNNet
+from training import template_images
 
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 
@@ -80,10 +81,7 @@ def test_model_train_stops_a_finite_blow_up_before_the_optimizers_own_rule():
     """THOR at damping 1e-6 and lr 0.5 on a conv+BatchNorm net blows up finitely (test_finite_divergence:
     the optimizer's gradient rule stops it at step 13). The loss-side stop, patience 3, ends the same
     Model.train run earlier, with the loss as evidence."""
-    rng = np.random.default_rng(0)
-    templates = rng.standard_normal((10, 3, 16, 16)).astype(np.float32)
-    y = (np.arange(256) % 10).astype(np.int32)
-    x = templates[y] + 0.5 * rng.standard_normal((256, 3, 16, 16)).astype(np.float32)
+    x, y = template_images()
     ms.set_seed(0)
     net = ConvBNNet(widths=(3, 16, 32, 32))
     opt = ngd.THOR(net, 0.5, 1e-6, 0.9, 5e-4, frequency=4, verbose=False)

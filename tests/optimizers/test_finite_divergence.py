@@ -15,18 +15,11 @@ from mindspore import nn, Tensor
 import mindspore_ngd as ngd
 from benchmarks.models import ConvBNNet, DigitsCNN
 from nets import DenseNet
+from training import template_images
 
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 
 CE = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-
-
-def _templates(size=256, classes=10, hw=16, seed=0):
-    """The model zoo's synthetic images: a fixed class template plus 0.5 noise (tests/optimizers/test_thor_recipe.py)."""
-    rng = np.random.default_rng(seed)
-    templates = rng.standard_normal((classes, 3, hw, hw)).astype(np.float32)
-    y = (np.arange(size) % classes).astype(np.int32)
-    return templates[y] + 0.5 * rng.standard_normal((size, 3, hw, hw)).astype(np.float32), y
 
 
 def test_thor_far_too_small_damping_blows_up_finitely_and_is_stopped():
@@ -38,7 +31,7 @@ def test_thor_far_too_small_damping_blows_up_finitely_and_is_stopped():
     opt = ngd.THOR(net, 0.5, 1e-6, 0.9, 5e-4, frequency=4, verbose=False)
     step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.CrossEntropyLoss(reduction="mean")), opt)
     step.set_train()
-    x, y = _templates()
+    x, y = template_images()
     losses = []
     with pytest.raises(RuntimeError) as info:
         for t in range(40):

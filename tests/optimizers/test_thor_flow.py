@@ -14,7 +14,7 @@ from mindspore.train import Model
 import mindspore_ngd as ngd
 from benchmarks.data import array_dataset
 from nets import BNNet
-from training import CE, batch
+from training import CE, batch, template_images
 
 STEPS = 4
 
@@ -115,10 +115,7 @@ def test_the_converted_model_stops_a_finite_blow_up_with_a_reason():
     divergence stop to them. THOR at damping 1e-6 and lr 0.5 on a conv+BatchNorm net blows up and stays
     finite (test_divergence_monitor.py); the optimizer's own gradient rule is switched off here."""
     from benchmarks.models import ConvBNNet
-    rng = np.random.default_rng(0)
-    templates = rng.standard_normal((10, 3, 16, 16)).astype(np.float32)
-    y = (np.arange(256) % 10).astype(np.int32)
-    x = templates[y] + 0.5 * rng.standard_normal((256, 3, 16, 16)).astype(np.float32)
+    x, y = template_images()
     ms.set_seed(0)
     net = ConvBNNet(widths=(3, 16, 32, 32))
     loss = nn.CrossEntropyLoss(reduction="mean")
