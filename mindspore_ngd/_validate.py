@@ -38,6 +38,18 @@ def float_in_range(name, value, low, high, high_inclusive=False):
     return float(value)
 
 
+def growth_factor(name, value, meaning, none_allowed=False):
+    """A finite float > 1, a factor of growth over a reference; ``meaning`` says what it counts (it is
+    named in the error); ``none_allowed``: None passes through (the test switched off)."""
+    if none_allowed and value is None:
+        return None
+    value = positive_float(name, value)
+    if value <= 1:
+        raise ValueError(f"{name} must be {'None or ' if none_allowed else ''}a finite number > 1 ({meaning}), "
+                         f"got {value!r}")
+    return value
+
+
 def fraction(name, value):
     """A float in (0, 1]."""
     if not _is_number(value):

@@ -129,13 +129,8 @@ def refuse_compile_cache(owner):
 
 def check_divergence_growth(value):
     """``divergence_growth`` validated: None, or a finite float > 1 (TypeError/ValueError naming it)."""
-    if value is None:
-        return None
-    value = _validate.positive_float("divergence_growth", value)
-    if value <= 1:
-        raise ValueError(f"divergence_growth must be None or a finite number > 1 (how many times the first "
-                         f"gradient norm counts as exploding), got {value!r}")
-    return value
+    return _validate.growth_factor("divergence_growth", value, "how many times the first gradient norm counts as "
+                                   "exploding", none_allowed=True)
 
 
 def is_divergence(error):

@@ -64,11 +64,7 @@ class DivergenceMonitor(Callback):
 
     def __init__(self, growth=1.5, patience=10, name="training"):
         super().__init__()
-        growth = _validate.positive_float("growth", growth)
-        if growth <= 1.0:
-            raise ValueError(f"growth must be a finite number > 1 (how many times the first loss counts as "
-                             f"exploded), got {growth!r}")
-        self.growth = float(growth)
+        self.growth = _validate.growth_factor("growth", growth, "how many times the first loss counts as exploded")
         self.patience = _validate.positive_int("patience", patience)
         if not isinstance(name, str) or not name:
             raise TypeError(f"name must be a non-empty str, got {name!r}")
