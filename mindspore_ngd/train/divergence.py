@@ -16,8 +16,9 @@ from mindspore.train import Callback
 
 from .. import _validate
 from ..optim.guard import ADVICE, DIVERGED
+from .callbacks import TrainingGuard
 
-__all__ = ["DivergenceMonitor"]
+__all__ = ["DivergenceMonitor", "with_divergence_stops"]
 
 
 def _loss_value(outputs):
@@ -102,3 +103,20 @@ class DivergenceMonitor(Callback):
     def on_train_step_end(self, run_context):
         params = run_context.original_args()
         self.observe(params.net_outputs)
+
+
+def with_divergence_stops(callbacks, optimizer):
+    """``callbacks`` (None, one Callback or a list), as a new list, with the callbacks that stop a
+    diverging run of ``optimizer`` appended unless they are there already: a :class:`DivergenceMonitor`
+    named after the optimizer, and a :class:`mindspore_ngd.TrainingGuard` when the optimizer runs
+    without host calls (Ascend, GPU: the step records a stop, the guard raises it on the host)."""
+    if callbacks is None:
+        callbacks = []
+    elif not isinstance(callbacks, (list, tuple)):
+        callbacks = [callbacks]
+    callbacks = list(callbacks)
+    if not any(isinstance(c, DivergenceMonitor) for c in callbacks):
+        callbacks.append(DivergenceMonitor(name=type(optimizer).__name__))
+    if not getattr(optimizer, "host_calls", True) and not any(isinstance(c, TrainingGuard) for c in callbacks):
+        callbacks.append(TrainingGuard(optimizer))
+    return callbacks

@@ -18,8 +18,7 @@ from mindspore import nn
 from .._validate import check_mean_loss
 from ..optim.engine import NGDOptimizer
 from ..optim.thor import THOR
-from .callbacks import TrainingGuard
-from .divergence import DivergenceMonitor
+from .divergence import with_divergence_stops
 
 __all__ = ["thor", "ConvertModelUtils", "GuardedModel"]
 
@@ -82,21 +81,6 @@ class ConvertModelUtils:
                             loss_scale_manager=loss_scale_manager, keep_batchnorm_fp32=keep_batchnorm_fp32)
 
 
-def _with_monitor(callbacks, optimizer):
-    """``callbacks`` (None, one Callback or a list) with a :class:`DivergenceMonitor` appended, and a
-    :class:`TrainingGuard` for an optimizer without host calls, unless they are there already."""
-    if callbacks is None:
-        callbacks = []
-    elif not isinstance(callbacks, (list, tuple)):
-        callbacks = [callbacks]
-    callbacks = list(callbacks)
-    if not any(isinstance(c, DivergenceMonitor) for c in callbacks):
-        callbacks.append(DivergenceMonitor(name=type(optimizer).__name__))
-    if not getattr(optimizer, "host_calls", True) and not any(isinstance(c, TrainingGuard) for c in callbacks):
-        callbacks.append(TrainingGuard(optimizer))        # Ascend / GPU: the step records a stop, this raises it
-    return callbacks
-
-
 class GuardedModel(ms.train.Model):
     """The ``Model`` that :meth:`ConvertModelUtils.convert_to_thor_model` returns: MindSpore's ``Model``
     whose ``train`` and ``fit`` add a :class:`mindspore_ngd.DivergenceMonitor` to the callbacks (unless
@@ -105,12 +89,12 @@ class GuardedModel(ms.train.Model):
     in the models repository's flow too, whose ``train.py`` passes its own callback list."""
 
     def train(self, epoch, train_dataset, callbacks=None, dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
-        return super().train(epoch, train_dataset, _with_monitor(callbacks, self._optimizer),
+        return super().train(epoch, train_dataset, with_divergence_stops(callbacks, self._optimizer),
                              dataset_sink_mode=dataset_sink_mode, sink_size=sink_size, initial_epoch=initial_epoch)
 
     def fit(self, epoch, train_dataset, valid_dataset=None, valid_frequency=1, callbacks=None,
             dataset_sink_mode=False, valid_dataset_sink_mode=False, sink_size=-1, initial_epoch=0):
         return super().fit(epoch, train_dataset, valid_dataset, valid_frequency,
-                           _with_monitor(callbacks, self._optimizer), dataset_sink_mode=dataset_sink_mode,
+                           with_divergence_stops(callbacks, self._optimizer), dataset_sink_mode=dataset_sink_mode,
                            valid_dataset_sink_mode=valid_dataset_sink_mode, sink_size=sink_size,
                            initial_epoch=initial_epoch)

@@ -148,13 +148,11 @@ def train(args, config):
     output_dir = os.path.abspath(config["output_dir"])
     throughput = ThroughputMonitor(config["batch_size"], group_size,
                                    os.path.join(output_dir, f"throughput_rank{rank}.json"), printer=log)
-    # a loss that explodes and stays finite stops the run with a reason (mindspore_ngd.DivergenceMonitor);
-    # with dataset sinking it sees the last loss of each sink
-    callbacks = [throughput, LossMonitor(config["log_interval"]),      # throughput is a TimeMonitor
-                 ngd.DivergenceMonitor(name=type(optimizer).__name__)]
-    if not getattr(optimizer, "host_calls", True):
-        # Ascend / GPU: the step records a divergence stop on the device; this raises it on the host
-        callbacks.append(ngd.TrainingGuard(optimizer))
+    # a loss that explodes and stays finite stops the run with a reason (mindspore_ngd.DivergenceMonitor;
+    # with dataset sinking it sees the last loss of each sink), and on Ascend / GPU the stop the step
+    # records on the device is raised on the host (TrainingGuard)
+    callbacks = ngd.train.with_divergence_stops([throughput,            # throughput is a TimeMonitor
+                                                 LossMonitor(config["log_interval"])], optimizer)
     if config["save_checkpoint_epochs"] > 0:
         ckpt_config = CheckpointConfig(save_checkpoint_steps=steps_per_epoch * config["save_checkpoint_epochs"],
                                        keep_checkpoint_max=config["keep_checkpoint_max"],

@@ -128,7 +128,7 @@ def test_the_converted_model_stops_a_finite_blow_up_with_a_reason():
     assert ngd.is_divergence(info.value) and "DivergenceMonitor" in str(info.value), str(info.value)
     assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
     mine = ngd.DivergenceMonitor(patience=50)          # a monitor of the caller's own is kept, not doubled
-    assert ngd.train.thor_flow._with_monitor([theirs, mine], opt) == [theirs, mine]
+    assert ngd.train.with_divergence_stops([theirs, mine], opt) == [theirs, mine]
 
 
 def test_the_converted_model_adds_the_training_guard_without_host_calls():
@@ -138,8 +138,8 @@ def test_the_converted_model_adds_the_training_guard_without_host_calls():
     with_host = ngd.thor(net, 0.1, _damping(), 0.9, verbose=False)
     without = ngd.thor(net, 0.1, _damping(), 0.9, verbose=False, host_calls=False)
     kinds = lambda callbacks: sorted(type(c).__name__ for c in callbacks)
-    assert kinds(ngd.train.thor_flow._with_monitor(None, with_host)) == ["DivergenceMonitor"]
-    assert kinds(ngd.train.thor_flow._with_monitor(None, without)) == ["DivergenceMonitor", "TrainingGuard"]
+    assert kinds(ngd.train.with_divergence_stops(None, with_host)) == ["DivergenceMonitor"]
+    assert kinds(ngd.train.with_divergence_stops(None, without)) == ["DivergenceMonitor", "TrainingGuard"]
     guard = ngd.TrainingGuard(without)
-    assert ngd.train.thor_flow._with_monitor([guard], without)[0] is guard
-    assert len(ngd.train.thor_flow._with_monitor([guard], without)) == 2
+    assert ngd.train.with_divergence_stops([guard], without)[0] is guard
+    assert len(ngd.train.with_divergence_stops([guard], without)) == 2
