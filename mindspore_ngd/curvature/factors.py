@@ -39,7 +39,7 @@ import math
 import mindspore as ms
 from mindspore import ops
 
-from .._graph import gram as _gram
+from .._graph import divide, gram as _gram
 
 __all__ = ["kept_rows", "kept_examples", "output_sum", "dense_input_factor", "dense_output_factor",
            "conv_input_factor", "conv_output_factor", "conv_patches", "conv_positions", "same_padding", "dense_input_trace",
@@ -98,7 +98,7 @@ def dense_input_factor(x, has_bias, fraction=1.0):
     x, rows = kept_examples(x, fraction)
     if has_bias:
         x = ops.concat((x, ops.ones((rows, 1), ms.float32)), 1)
-    return _gram(x) / rows
+    return divide(_gram(x), rows)
 
 
 def dense_output_factor(dy, g_scale, fraction=1.0):
@@ -217,10 +217,10 @@ def conv_input_factor(x, kernel_size, stride, dilation, pad_mode, padding, has_b
     else:   # subsampled: T = all output positions of the layer, T' = the kept ones; A scaled by T / (m T')
         total = conv_positions(x, kernel_size, stride, dilation, pad_mode, padding)
         divisor = positions * batch / total
-    a = gram / divisor
+    a = divide(gram, divisor)
     if has_bias:
         # the appended 1 contributes a column of patch sums and a corner of T (= sum_t 1 per example)
-        col_sum = sums / divisor
+        col_sum = divide(sums, divisor)
         corner = ops.fill(ms.float32, (1, 1), float(total))
         a = ops.concat((ops.concat((a, col_sum), 1),
                         ops.concat((col_sum.transpose(1, 0), corner), 1)), 0)

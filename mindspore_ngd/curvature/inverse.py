@@ -42,7 +42,7 @@ import mindspore as ms
 from mindspore import ops
 import mindspore.scipy.linalg as msla
 
-from .._graph import choose, gram, outer, transposed
+from .._graph import choose, divide, gram, outer, transposed
 from .blocks import to_blocks
 
 __all__ = ["INVERSE_METHODS", "INVERSE_METHOD_CHOICES", "DEVICE_INVERSE_METHODS", "DAMPING_SPLITS",
@@ -266,7 +266,7 @@ def _eigh_inverse(sym, total):
         values, vectors = msla.eigh(mat)
         lows.append(ops.reduce_min(values))
         highs.append(ops.reduce_max(ops.abs(values)))
-        invs.append(ops.matmul(vectors / (ops.relu(values) + total), vectors.transpose(1, 0)))
+        invs.append(ops.matmul(divide(vectors, ops.relu(values) + total), vectors.transpose(1, 0)))
     if len(mats) == 1:
         inv = invs[0] if sym.ndim == 2 else ops.stack(invs, 0)
         return inv, lows[0] < -1e-4 * highs[0]
@@ -319,8 +319,8 @@ def split_product(a, b, products="float32"):
     accumulated in float32. Rounding the inputs to float16 changes none of the three products, so the
     result does not depend on ``products``; its error is about ``2^-21`` of ``|a| |b|`` row by column."""
     row, col = _row_scale(a, -1), _row_scale(b, -2)
-    a_hi, a_lo = _split16(a / row)
-    b_hi, b_lo = _split16(b / col)
+    a_hi, a_lo = _split16(divide(a, row))
+    b_hi, b_lo = _split16(divide(b, col))
     mixed = _product(a_hi, b_lo, products) + _product(a_lo, b_hi, products)
     return (_product(a_hi, b_hi, products) + mixed) * row * col
 
@@ -380,7 +380,7 @@ def newton_inverse(sym, total, warm=None, trust_warm=None, steps=None, tolerance
     bound = _inf_norm(m)
     low = total / bound
     one = ops.ones_like(low)
-    x, r, lower, upper = eye / bound, m / bound, low, one
+    x, r, lower, upper = divide(eye, bound), divide(m, bound), low, one
     warm_used = ops.zeros_like(low) > 1
     if warm is not None:
         r_warm = product(m, warm)

@@ -173,7 +173,7 @@ class KroneckerBlock(nn.Cell):
                                                         damping, self.damping_split, self.positions())
         a_inv, a_ok = inv_ops.damped_inverse(a_safe, a_shift, self.inverse_method,
                                              inv_ops.jitter_of_trace(a_trace, self.jitter), inverses[0], trusted)
-        g_inv, g_ok = inv_ops.damped_inverse(g_safe, g_shift, self.inverse_method,
+        g_inv, g_ok = inv_ops.damped_inverse(ops.depend(g_safe, a_inv), g_shift, self.inverse_method,
                                              inv_ops.jitter_of_trace(g_trace, self.jitter), inverses[1], trusted)
         ok = ops.logical_and(ops.logical_and(a_valid, g_valid), ops.logical_and(a_ok, g_ok))
         take = ops.logical_and(ok, ready)

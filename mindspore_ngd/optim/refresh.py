@@ -45,22 +45,27 @@ class Refresh:
             ready = ops.logical_and(ready, ops.stack(layers))
         ready, trusted = ops.unstack(ready), ops.unstack(state[1])
         faults, new, taken, counts = state[2], (), (), ()
+        after = None
         for k in range(self.num_layers):
             block = self.blocks[k]
             a_inv, g_inv = state[0][k]
             take, inverted = ops.zeros((), ms.bool_), ops.zeros((), ms.int32)
+            layer_factors = factors[0][k]
+            if after is not None:
+                layer_factors = (ops.depend(layer_factors[0], after), ops.depend(layer_factors[1], after))
             if block.owned:
                 if self.refresh_rule.per_layer:
                     fault = ops.zeros((), ms.int32)
                     if ready[k]:
-                        a_inv, g_inv, take, fault = block.refreshed(factors[0][k], ready[k], damping, (a_inv, g_inv),
+                        a_inv, g_inv, take, fault = block.refreshed(layer_factors, ready[k], damping, (a_inv, g_inv),
                                                                     trusted[k])
                     inverted = ops.cast(ready[k], ms.int32)
                 else:
-                    a_inv, g_inv, take, fault = block.refreshed(factors[0][k], ready[k], damping, (a_inv, g_inv),
+                    a_inv, g_inv, take, fault = block.refreshed(layer_factors, ready[k], damping, (a_inv, g_inv),
                                                                 trusted[k])
                     inverted = ops.ones((), ms.int32)
                 faults = faults + fault
+                after = g_inv
             new += ((a_inv, g_inv),)
             taken += (take,)
             counts += (inverted,)
