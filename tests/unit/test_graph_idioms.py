@@ -25,3 +25,23 @@ def test_idioms_match_numpy_indexing_in_graph_mode():
     for value, ref in zip(got, expected):
         assert value.shape == np.shape(ref)
         np.testing.assert_array_equal(value, ref)
+
+
+class _Quotients(nn.Cell):
+    def construct(self, m, row, s):
+        return _graph.divide(m, row), _graph.divide(m, s), _graph.divide(m, 7), m / row, m / s, m / 7
+
+
+def test_divide_is_the_division_operator_bit_for_bit_in_graph_mode():
+    """``divide`` (RealDiv, kept for its memory) gives exactly what ``/`` (Div) gives: a matrix by a
+    broadcast row, by a 0-d tensor and by a Python int."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    rng = np.random.default_rng(1)
+    m = rng.standard_normal((6, 5)).astype(np.float32)
+    row = (rng.random((1, 5)) + 0.5).astype(np.float32)
+    s = np.float32(3.0)
+    got = [x.asnumpy() for x in _Quotients()(Tensor(m), Tensor(row), Tensor(s))]
+    for value, ref in zip(got[:3], got[3:]):
+        assert value.dtype == np.float32 and value.shape == m.shape
+        np.testing.assert_array_equal(value, ref)
+    np.testing.assert_array_equal(got[0], m / row)
