@@ -1,7 +1,7 @@
 """mindspore_ngd: natural-gradient optimizers (K-FAC family) for MindSpore."""
 from . import _log
 from .optim import KFAC, SPNGD, THOR, NGDOptimizer, Policy, default_decay_filter
-from .optim.guard import is_divergence
+from .optim.divergence import is_divergence
 from .inspect import kronecker_factors
 from .train import (ConvertModelUtils, DivergenceMonitor, MCFisherTrainStep, NGDTrainOneStepCell, RefreshMonitor,
                     TrainingGuard, thor)

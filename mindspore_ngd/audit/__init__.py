@@ -210,7 +210,7 @@ def device_inverse_method(device):
 
 def device_host_calls(device):
     """Whether the step calls back into Python on ``device`` (what ``host_calls="auto"`` picks there)."""
-    from ..optim.guard import DEVICE_HOST_CALLS
+    from ..optim.status import DEVICE_HOST_CALLS
     if device not in DEVICE_HOST_CALLS:
         raise ValueError(f"device must be one of {sorted(DEVICE_HOST_CALLS)}, got {device!r}")
     return DEVICE_HOST_CALLS[device]
@@ -246,7 +246,7 @@ def optimizer_primitives(optimizer, inverse_method, host_calls=False):
 def audit_optimizer(optimizer, device, inverse_method=None, host_calls=None, strict=True):
     """Audit one optimizer's training step for ``device`` (kernel choice: ``inverse_method``, by
     default the device's :data:`DEVICE_INVERSE_METHODS` entry; ``host_calls``, by default the
-    device's :data:`~mindspore_ngd.optim.guard.DEVICE_HOST_CALLS` entry; ``strict``: host nodes fail
+    device's :data:`~mindspore_ngd.optim.status.DEVICE_HOST_CALLS` entry; ``strict``: host nodes fail
     on Ascend and GPU)."""
     method = inverse_method or device_inverse_method(device)
     host = device_host_calls(device) if host_calls is None else bool(host_calls)

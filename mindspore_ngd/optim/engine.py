@@ -22,8 +22,10 @@ steps whose capture flags are all off, where the two compute the same values.
 The steps have their own modules, mixed into :class:`NGDOptimizer`: the fold in
 :mod:`~mindspore_ngd.optim.fold`, the refresh in :mod:`~mindspore_ngd.optim.refresh`, the
 preconditioning and KL clipping in :mod:`~mindspore_ngd.optim.precondition`, the update in
-:mod:`~mindspore_ngd.optim.update`, adaptive damping and the divergence stop in
-:mod:`~mindspore_ngd.optim.guard`; this module builds the optimizer and runs the step. K-FAC, SP-NGD
+:mod:`~mindspore_ngd.optim.update`; adaptive damping is a controller Cell the optimizer owns
+(:mod:`~mindspore_ngd.optim.damping`), the divergence rules are in :mod:`~mindspore_ngd.optim.divergence`,
+the step's watch and the status read on the host in :mod:`~mindspore_ngd.optim.status`, wired together
+by :mod:`~mindspore_ngd.optim.guard`; this module builds the optimizer and runs the step. K-FAC, SP-NGD
 and THOR differ only in their :class:`~mindspore_ngd.Policy`. Each layer's state lives in its block
 (:mod:`mindspore_ngd.curvature.kronecker`, :mod:`~mindspore_ngd.curvature.unitwise`), the collectives
 in their one order in the exchange (:mod:`mindspore_ngd.parallel.exchange`).
@@ -61,7 +63,9 @@ from .layers import discover, parameter_roles, plain_layers
 from .argdocs import shared_arguments
 from .policy import Policy, check_arguments, default_decay_filter, resolve_nesterov
 from .fold import Fold
-from .guard import Guard, check_divergence_growth, refuse_compile_cache, resolve_host_calls
+from .divergence import check_divergence_growth
+from .guard import Guard
+from .status import refuse_compile_cache, resolve_host_calls
 from .precondition import Precondition
 from .refresh import Refresh
 from .report import Inspection, not_training_message, report_invisible
@@ -253,7 +257,7 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         this optimizer stacks them per family (:mod:`mindspore_ngd.curvature.counters`), and keeps
         whether the next step captures anything in ``{prefix}.capturing``
         (:class:`~mindspore_ngd.capture.CaptureControl`) and, with adaptive damping, the momentum
-        buffers concatenated in ``{prefix}.damping.moments`` (:mod:`mindspore_ngd.optim.guard`).
+        buffers concatenated in ``{prefix}.damping.moments`` (:mod:`mindspore_ngd.optim.damping`).
         Returns a new dict with these entries; loading an old checkpoint without it leaves the counts
         at zero, and ``load_param_into_net`` lists them as not loaded::
 

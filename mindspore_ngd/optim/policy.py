@@ -49,7 +49,7 @@ class Policy:
         fisher: "empirical" (G from the training labels) or "mc" (G from labels sampled from the
             model's predictive distribution; needs :class:`mindspore_ngd.MCFisherTrainStep`).
         adaptive_damping: multiply the damping by a factor >= 1 that rises when steps overshoot and
-            falls back when they undershoot (:mod:`mindspore_ngd.optim.guard`); the given damping is
+            falls back when they undershoot (:mod:`mindspore_ngd.optim.damping`); the given damping is
             the start and the floor.
         max_damping_boost: the largest factor adaptive damping may reach (>= 1). A multiplier pinned
             there for ``divergence_patience`` steps stops the run (a finite divergence; if > 1).

@@ -1,6 +1,6 @@
 """A loss-side divergence stop: a run whose loss explodes while every value stays finite.
 
-The optimizers' own stop (:mod:`mindspore_ngd.optim.guard`) sees only gradients and damping. In a
+The optimizers' own stop (:mod:`mindspore_ngd.optim.divergence`) sees only gradients and damping. In a
 network that ends in BatchNorm, global pooling and a softmax cross-entropy, a run can climb from the
 chance loss to ten times it while the gradient stays bounded: the softmax gradient ``p - y`` has a
 norm of at most sqrt(2) per example, and BatchNorm rescales what flows back. Measured on the model
@@ -15,7 +15,7 @@ import numpy as np
 from mindspore.train import Callback
 
 from .. import _validate
-from ..optim.guard import ADVICE, DIVERGED
+from ..optim.divergence import ADVICE, DIVERGED
 from .callbacks import TrainingGuard
 
 __all__ = ["DivergenceMonitor", "with_divergence_stops"]

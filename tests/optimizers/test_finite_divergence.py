@@ -1,6 +1,6 @@
 """A divergence that stays finite stops with a reason (issue 32), and healthy runs never count.
 
-The rule (mindspore_ngd/optim/guard.py, ``Guard._exploding``): a finite step explodes when its gradient
+The rule (mindspore_ngd/optim/divergence.py, ``Divergence._exploding``): a finite step explodes when its gradient
 norm exceeds ``divergence_growth`` (default 1e3) times the first finite step's, or when adaptive
 damping's multiplier is pinned at ``max_damping_boost``; ``divergence_patience`` consecutive exploding
 steps stop the run with ``RuntimeError("... diverged at step ...")``."""

@@ -1,6 +1,6 @@
 """Adaptive damping and the divergence stop (issue 12), against a NumPy replay of the rule.
 
-The rule (mindspore_ngd/optim/guard.py): with ``s_t = g_t' delta_t`` and ``s'_t = g_{t+1}' delta_t``,
+The rule (mindspore_ngd/optim/damping.py): with ``s_t = g_t' delta_t`` and ``s'_t = g_{t+1}' delta_t``,
 ``delta_t = -lr v_{t+1}``, exponential averages ``num <- b num + (1-b) (s_t + s'_t)/2`` and
 ``den <- b den + (1-b) s_t`` give ``rho = num/den``; the multiplier is raised by
 ``max(2 (1 - rho), 1.5)`` when ``rho < 1/4``, lowered by 1.2 when ``rho > 3/4`` and clipped to

@@ -79,7 +79,7 @@ def test_transformer_every_update_is_captured_preconditioning_or_exactly_plain(c
                             "momentum update -- layer type not preconditioned: encoder.self_attn (MultiheadAttention)"]
     # first step: out_proj (read directly by MultiheadAttention) captured nothing and is demoted; the
     # WARNING is given at the start of the next step (every host call of a step sits in one branch at
-    # its start, see mindspore_ngd/optim/guard.py)
+    # its start, see mindspore_ngd/optim/status.py)
     assert at_step == []
     factors = opt.kronecker_factors()
     preconditioned = {s.name: s for s in opt.layer_specs if s.name not in opt.demoted_layers()}
