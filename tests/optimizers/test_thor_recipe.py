@@ -62,6 +62,7 @@ def test_thor_with_nn_thor_hyper_parameters_trains_at_least_as_well_as_momentum(
     assert (thor <= momentum).all(), (thor, momentum)
 
 
+@pytest.mark.slow      # two more training runs; it records a known gap, so it stays out of the default run
 @pytest.mark.xfail(strict=False, reason="issue 32: with the zoo's kl_clip 0.001 the first epoch is not ahead of "
                                        "nn.Momentum (measured 2.271 against 2.270)")
 def test_thor_with_the_zoo_configs_settings_is_ahead_in_every_epoch():
