@@ -210,6 +210,14 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
                                                                self.blocks[reference].bias_index, loss_scale, prefix)
         self.capture_control = CaptureControl([b.capture for b in self.blocks], [b.capture for b in self.norm_blocks],
                                               probe, prefix)
+        # gradient accumulation is refused (Guard._accumulated): one layer counts the backward passes
+        # between two optimizer steps -- the probe's layer, whose recorded bias gradient tells a pass the
+        # training cell discarded (a loss-scale overflow) from one it summed; else the first layer, the
+        # last one a backward pass reaches
+        self._pass_layer = None
+        if specs:
+            self._pass_layer = reference if reference is not None else 0
+            self.blocks[self._pass_layer].capture.count_passes()
         # the loss scale is measured on every step only for THOR's trace probes, which read it between
         # folds (on a single device); otherwise in the fold's branch, on the steps whose statistics use it
         self._probe_every_step = traces and comm is None
@@ -290,7 +298,9 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         lr = self.get_lr()
         step = self.global_step.reshape(())
         flat = flat_gradients(gradients)
-        finite = self._watch(flat, ops.all(ops.isfinite(flat)), step, self.demoted_unreported)
+        finite = ops.all(ops.isfinite(flat))
+        accumulated = self._accumulated(gradients, finite)
+        finite = self._watch(flat, finite, step, self.demoted_unreported, accumulated)
         token, boost = self._adapt(gradients, flat, finite)
         finite = ops.depend(finite, token)
 
