@@ -64,7 +64,7 @@ from .fold import Fold
 from .guard import Guard, check_divergence_growth, refuse_compile_cache, resolve_host_calls
 from .precondition import Precondition
 from .refresh import Refresh
-from .report import Inspection, not_training_message, report_invisible
+from .report import Inspection, not_training_message, report_invisible, training_loss_message
 from .update import Update, flat_gradients
 
 __all__ = ["NGDOptimizer"]
@@ -285,8 +285,20 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         mode, as BatchNorm's batch statistics do."""
         return tuple(name for name, cell in self._captured_cells if not cell.training)
 
+    @property
+    def _loss_refusal(self):
+        """The error for a loss that is not the batch mean in the training cell running this step, or ""
+        (a Python value, as :attr:`_layers_not_training`: :func:`report.training_loss_message`)."""
+        checked = self.__dict__.get("_loss_verdicts")
+        if checked is None:
+            checked = {}
+            object.__setattr__(self, "_loss_verdicts", checked)
+        return training_loss_message(self, checked)
+
     # ------------------------------------------------------------------ the step
     def construct(self, gradients):
+        if self._loss_refusal:
+            raise ValueError(self._loss_refusal)
         if self._layers_not_training:
             raise RuntimeError(not_training_message(type(self).__name__, self._layers_not_training,
                                                     len(self._captured_cells)))
