@@ -76,6 +76,12 @@ logger = logging.getLogger("mindspore_ngd")
 class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Optimizer):
     """Natural-gradient optimizer engine (an ``nn.Optimizer``); use :class:`mindspore_ngd.KFAC` etc.
 
+    Two ways of training are refused on the first step, before any weight moves: a loss that is not the
+    batch mean (``reduction="none"`` or ``"sum"``) in the training cell that runs the optimizer
+    (ValueError naming ``reduction="mean"``), and gradient accumulation, several backward passes summed
+    into one optimizer call (RuntimeError naming the working form; without host calls the run stops and
+    :meth:`check_status` raises it). See docs/limitations.md, "Training modes".
+
     Args:
         network (nn.Cell): the network being trained. Its ``nn.Dense`` and ``nn.Conv2d`` cells are
             made to capture Kronecker factors in place (parameter names unchanged); all of its
@@ -211,12 +217,12 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         self.capture_control = CaptureControl([b.capture for b in self.blocks], [b.capture for b in self.norm_blocks],
                                               probe, prefix)
         # gradient accumulation is refused (Guard._accumulated): one layer counts the backward passes
-        # between two optimizer steps -- the probe's layer, whose recorded bias gradient tells a pass the
-        # training cell discarded (a loss-scale overflow) from one it summed; else the first layer, the
-        # last one a backward pass reaches
+        # between two optimizer steps -- on one device the probe's layer, whose recorded bias gradient
+        # tells a pass the training cell discarded (a loss-scale overflow) from one it summed; else (no
+        # probe, or distributed) the first layer, the last one a backward pass reaches
         self._pass_layer = None
         if specs:
-            self._pass_layer = reference if reference is not None else 0
+            self._pass_layer = reference if reference is not None and comm is None else 0
             self.blocks[self._pass_layer].capture.count_passes()
         # the loss scale is measured on every step only for THOR's trace probes, which read it between
         # folds (on a single device); otherwise in the fold's branch, on the steps whose statistics use it

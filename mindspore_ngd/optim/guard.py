@@ -370,8 +370,9 @@ class Guard:
         cannot raise: it records a stop in ``{prefix}.status`` and freezes the weights, and this method
         raises the ``RuntimeError`` the step would have raised with host calls (the same message:
         :func:`mindspore_ngd.is_divergence` recognises it; with ``strict``, the error naming the layers
-        that captured nothing). It also logs, on the "mindspore_ngd" logger, the WARNINGs of the steps
-        skipped and the layers demoted since the last call. Call it between training calls, or let
+        that captured nothing; for gradient accumulation, the error naming the working form). It
+        also logs, on the "mindspore_ngd" logger, the WARNINGs of the steps skipped and the layers
+        demoted since the last call. Call it between training calls, or let
         :class:`mindspore_ngd.TrainingGuard` call it from ``Model.train``.
 
         With host calls the step raises itself; this method raises nothing and reports ``stopped`` when

@@ -145,12 +145,15 @@ def test_a_discarded_backward_pass_is_not_refused_and_changes_nothing(net_class)
     assert all(a > 0 and g > 0 for a, g in opt.factor_updates().values())
 
 
+class _BiasedConvNet(ConvNet):
+    """conv (bias) -> ReLU -> flatten -> Dense on BNNet's inputs: the probe reads the Dense layer."""
+
+    def __init__(self):
+        super().__init__(2, 3, (3, 3), (1, 1), "same", 0, (1, 1), True, 3 * 5 * 5, classes=3)
+
+
 def test_the_pass_counter_is_cleared_by_every_step():
     """One pass per step, many steps: never refused (the counter does not carry over)."""
-    state, opt = _loop(ConvNetOfBNNetShape, None, steps=4)
+    _, opt = _loop(_BiasedConvNet, None, steps=4)
     assert opt.state_counters()["step"] == 4
     assert int(opt.blocks[opt._pass_layer].capture.passes.asnumpy()) == 0
-
-
-def ConvNetOfBNNetShape():                 # noqa: N802 (a network factory, used as a class)
-    return ConvNet(2, 3, (3, 3), (1, 1), "same", 0, (1, 1), True, 3 * 5 * 5, classes=3)
