@@ -92,15 +92,26 @@ def loss_reduction(loss_fn):
     return "mean" if average else "sum"
 
 
-def check_mean_loss(loss_fn, where):
-    """ValueError unless ``loss_fn`` reduces to the batch mean (a loss whose reduction cannot be told
-    passes). The curvature statistics are defined for a mean loss: a sum (or the per-example vector of
-    ``reduction="none"``, which the training cell back-propagates as a sum) makes G ``B**2`` too large."""
+def mean_loss_message(loss_fn, where):
+    """The error for a ``loss_fn`` that does not reduce to the batch mean ("" when it does, or when its
+    reduction cannot be told). The curvature statistics are defined for a mean loss: a sum (or the
+    per-example vector of ``reduction="none"``, which a training cell back-propagates as a sum: its
+    ``sens`` is filled to the loss's shape) makes G ``B**2`` too large."""
     reduction = loss_reduction(loss_fn)
     if reduction in (None, "mean"):
-        return
-    raise ValueError(
+        return ""
+    vector = (" Its per-example vector reaches the training cell's sens, which back-propagates the sum."
+              if reduction == "none" else "")
+    return (
         f"{where}: the loss {type(loss_fn).__name__} reduces with {reduction!r}, but the natural-gradient "
-        "optimizers need the batch mean (their curvature statistics would be mis-scaled by the batch size). "
-        f"Build it with reduction=\"mean\", e.g. nn.{type(loss_fn).__name__}(..., reduction=\"mean\")"
+        "optimizers need the batch mean (their curvature statistics would be mis-scaled by the batch size)."
+        f"{vector} Build it with reduction=\"mean\", e.g. nn.{type(loss_fn).__name__}(..., reduction=\"mean\")"
         + (" (SoftmaxCrossEntropyWithLogits defaults to 'none')." if reduction == "none" else "."))
+
+
+def check_mean_loss(loss_fn, where):
+    """ValueError (:func:`mean_loss_message`) unless ``loss_fn`` reduces to the batch mean (a loss whose
+    reduction cannot be told passes)."""
+    message = mean_loss_message(loss_fn, where)
+    if message:
+        raise ValueError(message)

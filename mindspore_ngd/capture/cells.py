@@ -97,6 +97,18 @@ class LayerCapture(nn.Cell):
         if self.sums_gradient:
             _scratch(self, "grad_sum", Parameter(Tensor(np.zeros((spec.g_dim,), np.float32)),
                                                  name=f"{base}.grad_sum", requires_grad=False))
+        self.counts_passes = False
+        self._base = base
+
+    def count_passes(self):
+        """Count the backward passes through this layer (one layer per optimizer): the scratch int32
+        ``passes`` is raised by one in every backward pass whose output gradient here is finite, and the
+        optimizer reads and clears it in its step. More than one pass between two optimizer steps is
+        gradient accumulation (see :meth:`mindspore_ngd.optim.status.DeviceStatus._accumulated`); a pass with a
+        non-finite output gradient (a loss-scale overflow, whose step the training cell skips) is not
+        counted."""
+        self.counts_passes = True
+        _scratch(self, "passes", Parameter(Tensor(0, ms.int32), name=f"{self._base}.passes", requires_grad=False))
 
     def input_trace(self, x):
         if self.is_conv:
@@ -131,8 +143,19 @@ class LayerCapture(nn.Cell):
 
     def _summed(self, dy):
         if self.sums_gradient:
-            return ops.depend(dy, ops.assign(self.grad_sum, factors.output_sum(dy, self.is_conv)))
-        return dy
+            total = factors.output_sum(dy, self.is_conv)
+            dy = ops.depend(dy, ops.assign(self.grad_sum, total))
+            return self._counted(dy, ops.reduce_sum(total))
+        return self._counted(dy, None)
+
+    def _counted(self, dy, total):
+        """``dy``, after the pass counter (when this layer counts passes) was raised for a finite pass."""
+        if not self.counts_passes:
+            return dy
+        if total is None:
+            total = ops.reduce_sum(ops.cast(dy, ms.float32))
+        seen = ops.cast(ops.isfinite(total), ms.int32)
+        return ops.depend(dy, ops.assign_add(self.passes, seen))
 
     def save_output_factor(self, dy):
         if self.bypass:

@@ -68,7 +68,7 @@ from .guard import Guard
 from .status import refuse_compile_cache, resolve_host_calls
 from .precondition import Precondition
 from .refresh import Refresh
-from .report import Inspection, not_training_message, report_invisible
+from .report import Inspection, not_training_message, report_invisible, training_loss_message
 from .update import Update, flat_gradients
 
 __all__ = ["NGDOptimizer"]
@@ -79,6 +79,12 @@ logger = logging.getLogger("mindspore_ngd")
 @shared_arguments
 class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Optimizer):
     """Natural-gradient optimizer engine (an ``nn.Optimizer``); use :class:`mindspore_ngd.KFAC` etc.
+
+    Two ways of training are refused on the first step, before any weight moves: a loss that is not the
+    batch mean (``reduction="none"`` or ``"sum"``) in the training cell that runs the optimizer
+    (ValueError naming ``reduction="mean"``), and gradient accumulation, several backward passes summed
+    into one optimizer call (RuntimeError naming the working form; without host calls the run stops and
+    :meth:`check_status` raises it). See docs/limitations.md, "Training modes".
 
     Args:
         network (nn.Cell): the network being trained. Its ``nn.Dense`` and ``nn.Conv2d`` cells are
@@ -214,6 +220,14 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
                                                                self.blocks[reference].bias_index, loss_scale, prefix)
         self.capture_control = CaptureControl([b.capture for b in self.blocks], [b.capture for b in self.norm_blocks],
                                               probe, prefix)
+        # gradient accumulation is refused (status.DeviceStatus._accumulated): one layer counts the backward passes
+        # between two optimizer steps -- on one device the probe's layer, whose recorded bias gradient
+        # tells a pass the training cell discarded (a loss-scale overflow) from one it summed; else (no
+        # probe, or distributed) the first layer, the last one a backward pass reaches
+        self._pass_layer = None
+        if specs:
+            self._pass_layer = reference if reference is not None and comm is None else 0
+            self.blocks[self._pass_layer].capture.count_passes()
         # the loss scale is measured on every step only for THOR's trace probes, which read it between
         # folds (on a single device); otherwise in the fold's branch, on the steps whose statistics use it
         self._probe_every_step = traces and comm is None
@@ -281,8 +295,20 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         mode, as BatchNorm's batch statistics do."""
         return tuple(name for name, cell in self._captured_cells if not cell.training)
 
+    @property
+    def _loss_refusal(self):
+        """The error for a loss that is not the batch mean in the training cell running this step, or ""
+        (a Python value, as :attr:`_layers_not_training`: :func:`report.training_loss_message`)."""
+        checked = self.__dict__.get("_loss_verdicts")
+        if checked is None:
+            checked = {}
+            object.__setattr__(self, "_loss_verdicts", checked)
+        return training_loss_message(self, checked)
+
     # ------------------------------------------------------------------ the step
     def construct(self, gradients):
+        if self._loss_refusal:
+            raise ValueError(self._loss_refusal)
         if self._layers_not_training:
             raise RuntimeError(not_training_message(type(self).__name__, self._layers_not_training,
                                                     len(self._captured_cells)))
@@ -294,7 +320,9 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         lr = self.get_lr()
         step = self.global_step.reshape(())
         flat = flat_gradients(gradients)
-        finite = self._watch(flat, ops.all(ops.isfinite(flat)), step, self.demoted_unreported)
+        finite = ops.all(ops.isfinite(flat))
+        accumulated = self._accumulated(gradients, finite)
+        finite = self._watch(flat, finite, step, self.demoted_unreported, accumulated)
         token, boost = self._adapt(gradients, flat, finite)
         finite = ops.depend(finite, token)
 

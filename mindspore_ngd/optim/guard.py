@@ -21,11 +21,12 @@ import mindspore as ms
 from .damping import BOOST_DOWN, BOOST_UP, REINVERT_RATIO, DampingController  # noqa: F401
 from .divergence import (ADVICE, DIVERGED, Divergence, check_divergence_growth, is_divergence,  # noqa: F401
                          stop_message)
-from .status import (DEVICE_HOST_CALLS, STOP_REASONS, DeviceStatus, refuse_compile_cache,  # noqa: F401
-                     resolve_host_calls)
+from .status import (DEVICE_HOST_CALLS, STOP_REASONS, DeviceStatus, accumulation_message,  # noqa: F401
+                     refuse_compile_cache, resolve_host_calls)
 
 __all__ = ["Guard", "DIVERGED", "BOOST_UP", "BOOST_DOWN", "DEVICE_HOST_CALLS", "STOP_REASONS", "is_divergence",
-           "check_divergence_growth", "resolve_host_calls", "refuse_compile_cache", "stop_message"]
+           "check_divergence_growth", "resolve_host_calls", "refuse_compile_cache", "stop_message",
+           "accumulation_message"]
 
 # (the optimizer's attribute, the controller's): ``opt.damping_boost`` is ``opt.damping_controller.boost``
 _FORMER_NAMES = (("damping_boost", "boost"), ("boost_inverted", "boost_inverted"), ("step_slope", "step_slope"),

@@ -1,11 +1,13 @@
 """What an optimizer can tell about itself, read on the Python side (``asnumpy``), never in a graph."""
 import logging
+import sys
 
 import numpy as np
+from mindspore import nn
 
-from .. import _log
+from .. import _log, _validate
 
-__all__ = ["Inspection", "not_training_message", "report_invisible"]
+__all__ = ["Inspection", "not_training_message", "report_invisible", "training_loss_message"]
 
 logger = logging.getLogger("mindspore_ngd")
 
@@ -130,6 +132,47 @@ def report_invisible(owner, names, strict, flags):
                            "use strict=False to demote them automatically")
     logger.warning("%s; demoted to the plain momentum update (lr * grad, as the other un-preconditioned "
                    "parameters; strict=True raises instead)", what)
+
+
+def training_loss_message(optimizer, checked):
+    """The error for the loss of the training cell that runs ``optimizer``, or "".
+
+    The optimizer never sees the loss, but the cell that runs it is on the Python call stack: in graph
+    mode the cell being compiled (``Cell.__call__`` compiles its graph, and the optimizer's
+    ``construct`` is read then), in PyNative the cell whose ``construct`` calls it. Every cell on the
+    stack (a frame's ``self``) that holds ``optimizer`` in its tree -- ``nn.TrainOneStepCell``,
+    ``TrainOneStepWithLossScaleCell``, the cell ``Model`` or ``amp.build_train_network`` builds, a
+    subclass of one's own -- has each MindSpore loss cell (``nn.LossBase``) in that tree checked by
+    :func:`mindspore_ngd._validate.mean_loss_message`. ``checked`` (a dict, id of a cell -> (the cell,
+    its message)) keeps the verdicts, so a PyNative loop walks each cell's tree once. A functional loop
+    (``ms.value_and_grad``) holds no cell: its loss cannot be checked."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        holder = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
+        try:
+            is_cell = isinstance(holder, nn.Cell) and holder is not optimizer
+        except ReferenceError:            # a weak proxy whose cell is gone
+            is_cell = False
+        if is_cell:
+            verdict = checked.get(id(holder))
+            if verdict is None or verdict[0] is not holder:       # (an id is reused once its cell is gone)
+                verdict = checked[id(holder)] = (holder, _holder_loss_message(optimizer, holder))
+            if verdict[1]:
+                return verdict[1]
+        frame = frame.f_back
+    return ""
+
+
+def _holder_loss_message(optimizer, holder):
+    cells = [cell for _, cell in holder.cells_and_names()]
+    if not any(cell is optimizer for cell in cells):
+        return ""
+    for cell in cells:
+        if isinstance(cell, nn.LossBase):
+            message = _validate.mean_loss_message(cell, f"{type(optimizer).__name__} in {type(holder).__name__}")
+            if message:
+                return message
+    return ""
 
 
 def not_training_message(owner, names, total):

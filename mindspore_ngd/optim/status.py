@@ -32,7 +32,8 @@ from mindspore import ops, Parameter, Tensor
 
 from .divergence import stop_message
 
-__all__ = ["DeviceStatus", "DEVICE_HOST_CALLS", "STOP_REASONS", "resolve_host_calls", "refuse_compile_cache"]
+__all__ = ["DeviceStatus", "DEVICE_HOST_CALLS", "STOP_REASONS", "resolve_host_calls", "refuse_compile_cache",
+           "accumulation_message"]
 
 logger = logging.getLogger("mindspore_ngd")
 
@@ -41,7 +42,8 @@ logger = logging.getLogger("mindspore_ngd")
 DEVICE_HOST_CALLS = {"CPU": True, "GPU": False, "Ascend": False}
 # the reason codes of ``{prefix}.status[0]`` (host_calls=False)
 STOP_REASONS = {0: "running", 1: "non-finite gradients", 2: "finite steps that explode",
-                3: "a layer captured nothing (strict=True)"}
+                3: "a layer captured nothing (strict=True)",
+                4: "several backward passes summed into one step (gradient accumulation)"}
 
 
 def resolve_host_calls(value, device_target=None):
@@ -71,12 +73,27 @@ def refuse_compile_cache(owner):
                            "MindIR\"). Unset the cache for runs that use this optimizer.")
 
 
-def _alert(name, finite, step, run, total, demoted, report_demoted, patience, evidence):
+def accumulation_message(name, step, passes):
+    """The error of a step that received the gradients of several backward passes (gradient
+    accumulation, :meth:`DeviceStatus._accumulated`)."""
+    return (f"{name} received at step {int(step)} the gradients of {int(passes)} backward passes: gradient "
+            "accumulation (micro-batch gradients summed, then one optimizer call) is not supported. Each "
+            "backward pass overwrites the layers' curvature statistics, so the step would precondition the "
+            "summed gradient with the statistics of the last micro-batch only. Call the optimizer once per "
+            "forward/backward pass: `loss, grads = grad_fn(x, y); opt(grads)` on the whole batch you would have "
+            "accumulated (stat_fraction= and stat_stride= cut the cost of its statistics), or more steps on "
+            "the micro-batches. No weight was changed by this step.")
+
+
+def _alert(name, finite, step, run, total, demoted, report_demoted, patience, evidence, passes=0):
     """Host side of :meth:`DeviceStatus._watch` (called from the compiled step through MindSpore's JIT
     fallback): a WARNING for a skipped step; the report of layers demoted in the previous step; the
-    message of the divergence stop when one is due (else ""). ``evidence`` holds the finite-divergence
-    values ``(run, gradient norm, reference, growth, pinned, multiplier, max multiplier, rho)``."""
+    message of the stop when one is due (else ""): gradient accumulation (``passes`` > 0, the backward
+    passes counted), or divergence. ``evidence`` holds the finite-divergence values ``(run, gradient
+    norm, reference, growth, pinned, multiplier, max multiplier, rho)``."""
     step, run, patience = int(step), int(run), int(patience)
+    if int(passes) > 0:
+        return accumulation_message(name, step, passes)
     if not bool(finite):
         logger.warning("%s: step %d skipped: non-finite gradient (%d in a row, %d in total); weights and "
                        "moments unchanged", name, step, run, int(total))
@@ -111,41 +128,77 @@ class DeviceStatus:
                 "from opt.check_status()):",
                 f"{name} stopped at step", "-- the weights are frozen from this step on; opt.check_status() (or "
                 "the mindspore_ngd.TrainingGuard callback) raises the reason. Reason code (1 non-finite "
-                "gradients, 2 finite steps that explode, 3 a layer captured nothing with strict=True):")
+                "gradients, 2 finite steps that explode, 3 a layer captured nothing with strict=True, 4 "
+                "gradient accumulation):")
         self._reported_skips = 0
         self._reported_demoted = np.zeros(self.num_layers, np.bool_)
 
     # ------------------------------------------------------------------ before the update
-    def _watch(self, flat, finite, step, demoted):
-        """The watch of the step before the update: :meth:`_watch_host` with host calls,
-        :meth:`_watch_device` without. Returns whether the step may change the weights."""
-        if self.host_calls:
-            return self._watch_host(flat, finite, step, demoted)
-        return self._watch_device(flat, finite, step, demoted)
+    def _accumulated(self, gradients, token):
+        """``(refused, passes)``: whether this step's gradients are the sum of several backward passes
+        (gradient accumulation), and the passes counted since the last step (a float32 scalar; the
+        counter is cleared here). Read after ``token`` (a value of every gradient).
 
-    def _watch_host(self, flat, finite, step, demoted):
-        """Report a skipped step and the layers demoted in the previous step (``demoted``, a bool
-        vector), stop a diverged run (non-finite, or finite and exploding: :meth:`_exploding`); returns
+        One layer counts the finite backward passes through it (:meth:`LayerCapture.count_passes`). More
+        than one is refused, unless the gradient the optimizer received is the last pass's alone: a
+        training cell that discards the gradients of a pass and runs another (``TrainOneStepWithLossScaleCell``
+        skips the optimizer on a loss-scale overflow) leaves the statistics of the pass it keeps, which
+        are right. That is told, on one device, by the loss-scale probe: the bias gradient received is
+        parallel to the last pass's (:meth:`LossScaleProbe.measure`); a sum over micro-batches is not.
+        Without that test (no preconditioned layer with a bias, or distributed: the probe would need a
+        collective) the count alone decides; a pass counts only when its output gradient at the counting
+        layer is finite (an overflow seldom stays finite down to the first layer, which counts when no
+        layer has a bias). A step driven by the Monte-Carlo Fisher step, which runs its own backward
+        passes, is not checked."""
+        capture = None if self._pass_layer is None else self.blocks[self._pass_layer].capture
+        if capture is None or self.capture_control.driver is not None:
+            return ops.zeros((), ms.bool_), ops.zeros((), ms.float32)
+        # a value computed now (a cast: ``* 1`` is folded away, and the counter would be read after its clear)
+        passes = ops.cast(ops.depend(capture.passes, token), ms.float32)
+        ops.assign(capture.passes, ops.depend(ops.zeros((), ms.int32), passes))
+        refused = passes > 1.5
+        probe = self.capture_control.scale_probe
+        if probe is not None and not self.exchange.distributed:
+            _, last_alone = probe.measure(probe.probe(token), gradients)
+            refused = ops.logical_and(refused, ops.logical_not(last_alone))
+        return refused, passes
+
+    def _watch(self, flat, finite, step, demoted, accumulated):
+        """The watch of the step before the update: :meth:`_watch_host` with host calls,
+        :meth:`_watch_device` without. ``accumulated`` is :meth:`_accumulated`'s pair. Returns whether
+        the step may change the weights."""
+        if self.host_calls:
+            return self._watch_host(flat, finite, step, demoted, accumulated)
+        return self._watch_device(flat, finite, step, demoted, accumulated)
+
+    def _watch_host(self, flat, finite, step, demoted, accumulated):
+        """Refuse gradient accumulation (``accumulated``), report a skipped step and the layers demoted in
+        the previous step (``demoted``, a bool vector), stop a diverged run (non-finite, or finite and
+        exploding: :meth:`_exploding`); returns
         ``finite`` (for ordering). One run-time branch holds every host call of the step: more than
         one, or one after the fold, broke the reload of a checkpoint into the compiled graph
         (measured, MindSpore 2.10); its message is built on the host, raised from the graph."""
         run = self._nonfinite_run(finite)
         finite_run, evidence = self._exploding(flat, finite)
         patience = self.divergence_patience
-        if ops.logical_or(ops.logical_or(ops.logical_not(finite), ops.any(demoted)), finite_run >= patience):
+        refused = accumulated[0]
+        if ops.logical_or(ops.logical_or(ops.logical_or(ops.logical_not(finite), ops.any(demoted)),
+                                         finite_run >= patience), refused):
+            passes = ops.where(refused, accumulated[1], ops.zeros((), ms.float32))
             message = self._alert(finite, step, run, self.skipped_steps + 1, demoted, self._report_invisible,
-                                  patience, evidence)
-            if ops.logical_or(run >= patience, finite_run >= patience):
+                                  patience, evidence, passes)
+            if ops.logical_or(ops.logical_or(run >= patience, finite_run >= patience), refused):
                 raise RuntimeError(message)
         return finite
 
-    def _watch_device(self, flat, finite, step, demoted):
+    def _watch_device(self, flat, finite, step, demoted, accumulated):
         """:meth:`_watch_host` without a host call (``host_calls=False``, Ascend and GPU by default):
         the same counts and the same stop conditions, but the stop is recorded in ``{prefix}.status``
         and ``{prefix}.divergence.evidence`` (read by :meth:`check_status`), the reports are
         ``ops.Print`` lines, and from the stop on every step is frozen: it changes no weight, moment or
         factor (it is skipped, as a non-finite step). With ``strict``, a demoted layer stops the run the
-        same way. Returns ``finite`` and-ed with "not stopped"."""
+        same way, and so does gradient accumulation (``accumulated``; reason 4, the passes counted in the
+        status's third entry). Returns ``finite`` and-ed with "not stopped"."""
         run = self._nonfinite_run(finite)
         finite_run, evidence = self._exploding(flat, finite)
         patience = self.divergence_patience
@@ -157,9 +210,12 @@ class DeviceStatus:
         any_demoted = ops.any(demoted)
         if self.strict:
             reason = ops.where(ops.logical_and(reason <= 0, any_demoted), ops.fill(ms.int32, (), 3), reason)
+        refused = accumulated[0]
+        reason = ops.where(refused, ops.fill(ms.int32, (), 4), reason)
         stops = ops.logical_and(live, reason > 0)
         total = self.skipped_steps + 1
-        record = ops.stack((reason, ops.cast(step, ms.int32), run, ops.cast(total, ms.int32), finite_run))
+        counted = ops.where(refused, ops.cast(accumulated[1], ms.int32), run)
+        record = ops.stack((reason, ops.cast(step, ms.int32), counted, ops.cast(total, ms.int32), finite_run))
         ops.assign(self.run_status, ops.where(stops, record, status))
         # (indexed, not unpacked: an unused element of the tuple is an isolated node MindSpore warns about)
         values = ops.stack((evidence[1], evidence[2], evidence[3], ops.cast(evidence[4], ms.float32), evidence[5],
@@ -182,8 +238,9 @@ class DeviceStatus:
         cannot raise: it records a stop in ``{prefix}.status`` and freezes the weights, and this method
         raises the ``RuntimeError`` the step would have raised with host calls (the same message:
         :func:`mindspore_ngd.is_divergence` recognises it; with ``strict``, the error naming the layers
-        that captured nothing). It also logs, on the "mindspore_ngd" logger, the WARNINGs of the steps
-        skipped and the layers demoted since the last call. Call it between training calls, or let
+        that captured nothing; for gradient accumulation, the error naming the working form). It
+        also logs, on the "mindspore_ngd" logger, the WARNINGs of the steps skipped and the layers
+        demoted since the last call. Call it between training calls, or let
         :class:`mindspore_ngd.TrainingGuard` call it from ``Model.train``.
 
         With host calls the step raises itself; this method raises nothing and reports ``stopped`` when
@@ -219,6 +276,8 @@ class DeviceStatus:
         out.update(stopped=True, reason=STOP_REASONS.get(code, str(code)), step=step)
         if code == 3:
             self._report_invisible(demoted)          # strict: raises the error naming the layers
+        if code == 4:
+            raise RuntimeError(accumulation_message(name, step, run))
         evidence = np.asarray(self.stop_evidence.asnumpy(), np.float64).reshape(-1).tolist()
         message = stop_message(name, step, run, total, self.divergence_patience, finite_run, *evidence)
         raise RuntimeError(message or f"{name} stopped at step {step}: {out['reason']}")

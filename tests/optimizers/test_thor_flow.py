@@ -143,3 +143,85 @@ def test_the_converted_model_adds_the_training_guard_without_host_calls():
     guard = ngd.TrainingGuard(without)
     assert ngd.train.with_divergence_stops([guard], without)[0] is guard
     assert len(ngd.train.with_divergence_stops([guard], without)) == 2
+
+
+def _zoo_resnet50():
+    """The model zoo's ResNet-50 as nn.thor's recipe builds it (zero-initialised residual gammas, no
+    classifier bias), for 10 classes, from seed 0."""
+    import importlib.util
+    import os
+    import sys
+    module = sys.modules.get("zoo_resnet")
+    if module is None:            # MindSpore's graph parser looks the network's module up by name
+        path = os.path.join(os.path.dirname(__file__), "..", "..", "model_zoo", "resnet50", "src", "resnet.py")
+        spec = importlib.util.spec_from_file_location("zoo_resnet", os.path.abspath(path))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["zoo_resnet"] = module
+        spec.loader.exec_module(module)
+    ms.set_seed(0)
+    return module.build_network("resnet50", 10, {"zero_init_residual": True, "classifier_bias": False})
+
+
+class _Losses(ms.train.Callback):
+    def __init__(self):
+        super().__init__()
+        self.values = []
+
+    def step_end(self, run_context):
+        loss = run_context.original_args().net_outputs
+        loss = loss[0] if isinstance(loss, (tuple, list)) else loss
+        self.values.append(float(np.asarray(loss.asnumpy()).reshape(-1)[0]))
+
+
+RESNET_STEPS, RESNET_BATCH = 3, 8
+
+
+def _resnet_flow(thor):
+    """train.py's THOR branch (or, ``thor=False``, its Momentum model alone) on the zoo's ResNet-50 at
+    32x32, batch 8, with the repository's THOR hyper-parameters, loss scale 128 and amp O2."""
+    net = _zoo_resnet50()
+    x, y = template_images(size=RESNET_STEPS * RESNET_BATCH, classes=10, hw=32)
+    data = array_dataset(x, y, RESNET_BATCH, shuffle=False)
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    scale = FixedLossScaleManager(128.0, drop_overflow_update=False)
+    lr = Tensor(np.full(RESNET_STEPS, 0.05803, np.float32))
+    if not thor:
+        model = Model(net, loss, nn.Momentum(net.trainable_params(), lr, 0.9, 5e-4, 128.0), metrics={"acc"},
+                      amp_level="O2", keep_batchnorm_fp32=False, loss_scale_manager=scale)
+        opt = None
+    else:
+        model = Model(net, loss, nn.Momentum(net.trainable_params(), lr, 0.9, 5e-4, 128.0), metrics={"acc"})
+        damping = Tensor(np.full(RESNET_STEPS, 0.03, np.float32))
+        # nn.thor's positional order: net, lr, damping, momentum, weight_decay, loss_scale, batch_size
+        opt = ngd.thor(net, lr, damping, 0.9, 5e-4, 128.0, RESNET_BATCH, split_indices=[26, 53], frequency=834,
+                       verbose=False)
+        model = ngd.ConvertModelUtils().convert_to_thor_model(model=model, network=net, loss_fn=loss, optimizer=opt,
+                                                              loss_scale_manager=scale, metrics={"acc"},
+                                                              amp_level="O2", keep_batchnorm_fp32=False)
+    losses = _Losses()
+    model.train(1, data, callbacks=[losses], dataset_sink_mode=False)
+    return {p.name: p.asnumpy().astype(np.float32).copy() for p in net.trainable_params()}, losses.values, opt
+
+
+@pytest.mark.slow
+def test_the_models_repository_thor_flow_trains_natural_gradient_on_the_zoo_resnet50():
+    """The one-import change of train.py's THOR branch on the model zoo's own ResNet-50: every one of its
+    54 Dense/Conv2d layers is preconditioned, captures its factors and is inverted (none demoted to the
+    plain update), no step is skipped, the losses are finite, and the weights are not Momentum's."""
+    weights, losses, opt = _resnet_flow(thor=True)
+    counters = opt.state_counters()
+    assert counters["step"] == RESNET_STEPS and counters["skipped_steps"] == 0, counters
+    assert len(opt.layer_specs) == 54, [s.name for s in opt.layer_specs]
+    assert opt.demoted_layers() == []
+    updates = opt.factor_updates()
+    assert len(updates) == 54 and all(a > 0 and g > 0 for a, g in updates.values()), updates
+    assert counters["inverse_refreshes"] >= 1, counters
+    assert len(losses) == RESNET_STEPS and np.all(np.isfinite(losses)), losses
+    momentum, momentum_losses, _ = _resnet_flow(thor=False)
+    assert np.all(np.isfinite(momentum_losses))
+    # the same start, batches, loss scale and precision: the difference is the optimizer's
+    fc = [name for name in weights if name.endswith("weight") and weights[name].ndim == 2]
+    moved = {name: np.abs(weights[name] - momentum[name]).max() for name in weights}
+    assert all(np.isfinite(w).all() for w in weights.values())
+    assert sum(value > 1e-6 for value in moved.values()) > 0.9 * len(moved), moved
+    assert fc and all(moved[name] > 1e-4 for name in fc), {name: moved[name] for name in fc}
