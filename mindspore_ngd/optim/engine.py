@@ -68,7 +68,7 @@ from .guard import Guard
 from .status import refuse_compile_cache, resolve_host_calls
 from .precondition import Precondition
 from .refresh import Refresh
-from .report import Inspection, not_training_message, report_invisible, training_loss_message
+from .report import Inspection, loss_refusal, not_training_message, register_for_loss_check, report_invisible
 from .update import Update, flat_gradients
 
 __all__ = ["NGDOptimizer"]
@@ -254,6 +254,8 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         # the capturing cells, held outside the cell tree (not child cells of the optimizer): their
         # training flags are read when the step is compiled (graph mode) or called (PyNative)
         object.__setattr__(self, "_captured_cells", tuple(zip((s.name for s in specs), cells)))
+        # the key under which the step finds this optimizer to check its training cell's loss (report.loss_refusal)
+        self._loss_key = register_for_loss_check(self)
         handled = {n for s in specs for n in (s.weight_name, s.bias_name) if n} \
             | {n for s in norm_specs for n in (s.gamma_name, s.beta_name)}
         self.plain_layers, self.normalisation_layers = plain_layers(network, handled, skipped)
@@ -295,20 +297,11 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         mode, as BatchNorm's batch statistics do."""
         return tuple(name for name, cell in self._captured_cells if not cell.training)
 
-    @property
-    def _loss_refusal(self):
-        """The error for a loss that is not the batch mean in the training cell running this step, or ""
-        (a Python value, as :attr:`_layers_not_training`: :func:`report.training_loss_message`)."""
-        checked = self.__dict__.get("_loss_verdicts")
-        if checked is None:
-            checked = {}
-            object.__setattr__(self, "_loss_verdicts", checked)
-        return training_loss_message(self, checked)
-
     # ------------------------------------------------------------------ the step
     def construct(self, gradients):
-        if self._loss_refusal:
-            raise ValueError(self._loss_refusal)
+        refusal = loss_refusal(self._loss_key)
+        if refusal:
+            raise ValueError(refusal)
         if self._layers_not_training:
             raise RuntimeError(not_training_message(type(self).__name__, self._layers_not_training,
                                                     len(self._captured_cells)))

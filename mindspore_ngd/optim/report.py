@@ -1,13 +1,16 @@
 """What an optimizer can tell about itself, read on the Python side (``asnumpy``), never in a graph."""
 import logging
 import sys
+import weakref
 
 import numpy as np
 from mindspore import nn
+from mindspore.ops import constexpr
 
 from .. import _log, _validate
 
-__all__ = ["Inspection", "not_training_message", "report_invisible", "training_loss_message"]
+__all__ = ["Inspection", "not_training_message", "report_invisible", "training_loss_message", "loss_refusal",
+           "register_for_loss_check"]
 
 logger = logging.getLogger("mindspore_ngd")
 
@@ -149,10 +152,10 @@ def training_loss_message(optimizer, checked):
     frame = sys._getframe(1)
     while frame is not None:
         holder = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
-        try:
-            is_cell = isinstance(holder, nn.Cell) and holder is not optimizer
-        except ReferenceError:            # a weak proxy whose cell is gone
-            is_cell = False
+        # a weak proxy is skipped: one whose cell is gone raises ReferenceError on isinstance (and no
+        # try statement here: MindSpore's parser rejects one when it reads this from the step's graph)
+        is_cell = (not isinstance(holder, weakref.ProxyTypes) and isinstance(holder, nn.Cell)
+                   and holder is not optimizer)
         if is_cell:
             verdict = checked.get(id(holder))
             if verdict is None or verdict[0] is not holder:       # (an id is reused once its cell is gone)
@@ -161,6 +164,33 @@ def training_loss_message(optimizer, checked):
                 return verdict[1]
         frame = frame.f_back
     return ""
+
+
+# the optimizers whose step checks its training cell's loss, by key (:func:`register_for_loss_check`)
+_LOSS_CHECKED = weakref.WeakValueDictionary()
+
+
+def register_for_loss_check(optimizer):
+    """The key (an int, a compile-time constant of the step) under which :func:`loss_refusal` finds
+    ``optimizer``."""
+    key = id(optimizer)
+    _LOSS_CHECKED[key] = optimizer
+    return key
+
+
+@constexpr
+def loss_refusal(key):
+    """:func:`training_loss_message` of the optimizer registered under ``key``, computed on the host when
+    the step is compiled (graph mode) or run (PyNative): a ``constexpr``, so MindSpore runs it in Python
+    instead of parsing the stack walk into the step's graph."""
+    optimizer = _LOSS_CHECKED.get(key)
+    if optimizer is None:
+        return ""
+    checked = optimizer.__dict__.get("_loss_verdicts")
+    if checked is None:
+        checked = {}
+        object.__setattr__(optimizer, "_loss_verdicts", checked)
+    return training_loss_message(optimizer, checked)
 
 
 def _holder_loss_message(optimizer, holder):
