@@ -290,6 +290,14 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         for block in list(self.blocks) + list(self.norm_blocks):
             object.__setattr__(block.capture, "bypass", lean)
 
+    def _stop_counting_passes(self):
+        """Leave out the check for gradient accumulation (the backward-pass count): for a training cell
+        that runs one backward pass per optimizer call by construction (:class:`NGDTrainOneStepCell`).
+        Call before the step is compiled."""
+        if self._pass_layer is not None:
+            self.blocks[self._pass_layer].capture.counts_passes = False
+            self._pass_layer = None
+
     @property
     def _layers_not_training(self):
         """Names of the preconditioned layers that are not in training mode (a Python value: read when the

@@ -55,6 +55,9 @@ class NGDTrainOneStepCell(nn.Cell):
         if optimizer.policy.fisher == "mc":       # the only optimizers whose capture another step drives
             raise ValueError(f"{type(optimizer).__name__} cannot run a lean step: fisher='mc' trains with "
                              "MCFisherTrainStep, which drives the capture itself")
+        # one backward pass per optimizer call by construction (this cell runs both): no gradient
+        # accumulation to refuse, and the pass counter would not be shared by the two graphs
+        optimizer._stop_counting_passes()
         self.full = nn.TrainOneStepCell(network, optimizer, sens)
         self.lean = nn.TrainOneStepCell(network, optimizer, sens)
         self.network = network                # as nn.TrainOneStepCell's attributes
