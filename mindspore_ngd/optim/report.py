@@ -175,6 +175,7 @@ def register_for_loss_check(optimizer):
     ``optimizer``."""
     key = id(optimizer)
     _LOSS_CHECKED[key] = optimizer
+    object.__setattr__(optimizer, "_loss_verdicts", {})       # training_loss_message's ``checked``
     return key
 
 
@@ -186,11 +187,7 @@ def loss_refusal(key):
     optimizer = _LOSS_CHECKED.get(key)
     if optimizer is None:
         return ""
-    checked = optimizer.__dict__.get("_loss_verdicts")
-    if checked is None:
-        checked = {}
-        object.__setattr__(optimizer, "_loss_verdicts", checked)
-    return training_loss_message(optimizer, checked)
+    return training_loss_message(optimizer, optimizer._loss_verdicts)
 
 
 def _holder_loss_message(optimizer, holder):
