@@ -88,3 +88,19 @@ def test_synthetic_data_is_deterministic_sharded_and_learnable():
     train, evaluation = zoo_data.SyntheticImages(4, 8, 3, split=0), zoo_data.SyntheticImages(4, 8, 3, split=1)
     np.testing.assert_array_equal(train.templates, evaluation.templates)   # same classes, other noise
     assert not np.array_equal(train[0][0], evaluation[0][0])
+
+
+def test_the_pipeline_reads_a_folder_written_by_benchmarks_image_folder(tmp_path):
+    """The folder issue 32's real-image runs use (``python -m benchmarks.image_folder``)."""
+    from benchmarks.image_folder import write_image_folder
+    rng = np.random.default_rng(0)
+    x = rng.random((60, 1, 28, 28)).astype(np.float32)
+    y = (np.arange(60) % 3).astype(np.int32)
+    write_image_folder(str(tmp_path), train_per_class=8, val_per_class=2, arrays=(x, y, x[:12], y[:12]))
+    config = _data_config(dataset="imagenet2012", data_path=str(tmp_path / "train"),
+                          eval_dataset_path=str(tmp_path / "val"), image_size=32, batch_size=8, eval_batch_size=2)
+    batches = _batches(zoo_data.create_dataset(config))
+    assert len(batches) == 3
+    assert batches[0][0].shape == (8, 3, 32, 32) and batches[0][0].dtype == np.float32
+    assert sorted(set(np.concatenate([b[1] for b in batches]).tolist())) == [0, 1, 2]
+    assert sum(len(b[1]) for b in _batches(zoo_data.create_dataset(config, training=False))) == 6
