@@ -77,8 +77,7 @@ class LayerCapture(nn.Cell):
         layer_type = layer_type_of(spec)
         self.has_positions = layer_type.has_positions
         self._input_factor, self._output_factor = layer_type.input_factor, layer_type.output_factor
-        self._input_trace, self._output_trace = layer_type.input_trace, layer_type.output_trace
-        self._output_sum, self._positions = layer_type.output_sum, layer_type.positions
+        self._input_trace, self._positions = layer_type.input_trace, layer_type.positions
         self.geometry = geometry_of(spec)
         self.has_bias = spec.has_bias
         self.g_scale = 1.0 / float(loss_scale) ** 2
@@ -143,7 +142,7 @@ class LayerCapture(nn.Cell):
 
     def _summed(self, dy):
         if self.sums_gradient:
-            total = self._output_sum(dy)
+            total = factors.output_sum(dy, self.has_positions)
             dy = ops.depend(dy, ops.assign(self.grad_sum, total))
             return self._counted(dy, ops.reduce_sum(total))
         return self._counted(dy, None)
@@ -164,7 +163,7 @@ class LayerCapture(nn.Cell):
             ops.assign(self.g_batch, self.output_factor(dy))
         if self.traces_enabled:
             if self.trace_g:
-                ops.assign(self.g_trace, self._output_trace(dy, self.g_scale))
+                ops.assign(self.g_trace, factors.output_trace(dy, self.g_scale, self.has_positions))
             dy = ops.depend(dy, self.g_trace)
         dy = self._summed(dy)
         # the gradient flowing on waits for the buffer write: without this the optimizer could read

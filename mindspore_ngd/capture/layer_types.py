@@ -4,10 +4,11 @@ Each kind of layer (``LayerSpec.kind``: ``"dense"``, ``"conv2d"``) has one :clas
 owns everything that depends on the kind: the cell classes it matches, the checks that refuse a
 cell of those classes, the kind's fields of a :class:`~mindspore_ngd.capture.LayerSpec` (``a_dim``,
 ``g_dim``, geometry), the capturing ``construct`` of each class, and the batch-statistic formulas of
-:mod:`mindspore_ngd.curvature.factors` the capture uses (A, G, their traces, the output-gradient sum,
-whether the outputs have positions). :func:`find_layers`, the capture cells, the loss-scale probe and
-the benchmarks' cost model ask :func:`layer_type_of` instead of comparing kind strings; a new kind of
-layer is one more :class:`LayerType`, registered with :func:`register_layer_type`.
+:mod:`mindspore_ngd.curvature.factors` the capture uses (A, G, the trace of A, and whether the
+outputs have positions, which also picks the trace of G and the output-gradient sum).
+:func:`find_layers`, the capture cells, the loss-scale probe and the benchmarks' cost model ask
+:func:`layer_type_of` instead of comparing kind strings; a new kind of layer is one more
+:class:`LayerType`, registered with :func:`register_layer_type`.
 
 The formulas are plain functions with one signature per statistic (unused arguments ignored), so a
 capture cell can hold them as attributes and call them in its compiled graph: ``geometry`` is
@@ -42,7 +43,9 @@ class LayerType:
         constructs (tuple): ``(class, mixin)`` pairs: the capturing ``construct`` of each class, a
             mixin placed before the class (the first pair whose class the cell's class subclasses).
         has_positions (bool): the output is NCHW with output positions (A sums over them, G averages,
-            ``stat_stride`` subsamples them); False: every row of the output is an example.
+            ``stat_stride`` subsamples them); False: every row of the output is an example. It is also
+            the ``conv`` argument of :func:`~mindspore_ngd.curvature.factors.output_trace` and
+            :func:`~mindspore_ngd.curvature.factors.output_sum`, which serve every kind.
         probe_rank (int): the loss-scale probe reads the biased layer of lowest rank first (then the
             fewest outputs); a convolution ranks after a Dense layer, as its bias is often followed
             by BatchNorm, which makes its gradient vanish up to rounding.
@@ -98,14 +101,6 @@ class LayerType:
         raise NotImplementedError
 
     @staticmethod
-    def output_trace(dy, g_scale):
-        raise NotImplementedError
-
-    @staticmethod
-    def output_sum(dy):
-        raise NotImplementedError
-
-    @staticmethod
     def positions(x, geometry):
         """T, the output positions a captured A sums over (a Python int; 1 without :attr:`has_positions`,
         when the capture does not record it)."""
@@ -113,20 +108,29 @@ class LayerType:
 
 
 # ------------------------------------------------------------------------- capturing constructs
-class _CapturedDense:
+class _CapturedAffine:
+    """The capture around the affine kernel of nn.Dense and nn.Conv2d: A from the input, the kernel
+    ``kernel(x, weight)``, the bias, and the G hook on the output (training mode only)."""
+
+    def _ngd_affine(self, x, kernel):
+        if self.training:
+            x = self._ngd_capture.capture_input(x)
+        x = kernel(x, self.weight)
+        if self.has_bias:
+            x = self.bias_add(x, self.bias)
+        if self.training:
+            x = self._ngd_capture.grad_hook(x)
+        return x
+
+
+class _CapturedDense(_CapturedAffine):
     """construct of a capturing nn.Dense (same computation as ``nn.Dense.construct``)."""
 
     def construct(self, x):
         x_shape = x.shape
         if len(x_shape) != 2:
             x = x.reshape(-1, x_shape[-1])
-        if self.training:
-            x = self._ngd_capture.capture_input(x)
-        x = self.matmul(x, self.weight)
-        if self.has_bias:
-            x = self.bias_add(x, self.bias)
-        if self.training:
-            x = self._ngd_capture.grad_hook(x)
+        x = self._ngd_affine(x, self.matmul)
         if self.activation_flag:
             x = self.activation(x)
         if len(x_shape) != 2:
@@ -134,18 +138,11 @@ class _CapturedDense:
         return x
 
 
-class _CapturedConv2d:
+class _CapturedConv2d(_CapturedAffine):
     """construct of a capturing nn.Conv2d (same computation as ``nn.Conv2d.construct``)."""
 
     def construct(self, x):
-        if self.training:
-            x = self._ngd_capture.capture_input(x)
-        output = self.conv2d(x, self.weight)
-        if self.has_bias:
-            output = self.bias_add(output, self.bias)
-        if self.training:
-            output = self._ngd_capture.grad_hook(output)
-        return output
+        return self._ngd_affine(x, self.conv2d)
 
 
 class _CapturedLinear:
@@ -209,14 +206,6 @@ class DenseType(LayerType):
     def input_trace(x, geometry, has_bias):
         return factors.dense_input_trace(x, has_bias)
 
-    @staticmethod
-    def output_trace(dy, g_scale):
-        return factors.output_trace(dy, g_scale, False)
-
-    @staticmethod
-    def output_sum(dy):
-        return factors.output_sum(dy, False)
-
 
 def _conv_geometry(cell):
     """``(pad_mode, (top, bottom, left, right))`` of an nn.Conv2d or a mint.nn.Conv2d."""
@@ -277,14 +266,6 @@ class Conv2dType(LayerType):
     def input_trace(x, geometry, has_bias):
         kernel_size, stride, dilation, pad_mode, padding = geometry
         return factors.conv_input_trace(x, kernel_size, stride, dilation, pad_mode, padding, has_bias)
-
-    @staticmethod
-    def output_trace(dy, g_scale):
-        return factors.output_trace(dy, g_scale, True)
-
-    @staticmethod
-    def output_sum(dy):
-        return factors.output_sum(dy, True)
 
     @staticmethod
     def positions(x, geometry):

@@ -15,7 +15,6 @@ from mindspore_ngd.capture import attach, detach
 from mindspore_ngd.capture.layer_types import (LAYER_TYPES, Conv2dType, DenseType, LayerType, layer_type_of,
                                                layer_type_of_class, register_layer_type)
 from mindspore_ngd.capture.loss_scale import reference_layer
-from mindspore_ngd.curvature import factors
 
 
 class Net(nn.Cell):
@@ -76,7 +75,7 @@ def test_the_capture_uses_the_formulas_of_the_layers_type():
     specs, _, _ = find_layers(Net())
     conv, mconv, fc, head = (LayerCapture(spec, "t", stat_stride=2) for spec in specs)
     assert conv._input_factor is Conv2dType.input_factor and conv._output_factor is Conv2dType.output_factor
-    assert fc._input_factor is DenseType.input_factor and fc._output_sum is DenseType.output_sum
+    assert fc._input_factor is DenseType.input_factor and fc._input_trace is DenseType.input_trace
     assert conv.has_positions and not fc.has_positions
     assert (conv.stat_stride, fc.stat_stride) == (2, 1)  # Dense layers have no positions to subsample
     assert conv.geometry == ((3, 3), (2, 2), (1, 1), "pad", (1, 1, 1, 1))
@@ -126,10 +125,6 @@ class ScaleType(LayerType):
 
     def spec_fields(self, cell, weight_shape, has_bias):
         return {"a_dim": 1, "g_dim": weight_shape[0]}
-
-    @staticmethod
-    def output_sum(dy):
-        return factors.output_sum(dy, False)
 
 
 class WithScale(nn.Cell):
