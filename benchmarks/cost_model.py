@@ -110,7 +110,7 @@ import numpy as np  # noqa: E402
 import mindspore as ms  # noqa: E402
 from mindspore import nn, ops, Tensor  # noqa: E402
 
-from mindspore_ngd.curvature import factors as ngd_factors  # noqa: E402
+from mindspore_ngd.capture.layer_types import geometry_of, layer_type_of  # noqa: E402
 from mindspore_ngd.curvature.blocks import BlockLayout, apply_left, apply_right  # noqa: E402
 from mindspore_ngd.curvature.factors import same_padding  # noqa: E402,F401  (the capture's own padding rule)
 from mindspore_ngd.curvature.inverse import damped_inverse  # noqa: E402
@@ -285,10 +285,7 @@ def layer_geometry(model_name, specs, batch=2):
         if s.name not in seen:
             raise RuntimeError(f"layer {s.name} was not called in the forward pass")
         x_shape, y_shape = seen[s.name]
-        if s.kind == "conv2d":
-            positions = y_shape[2] * y_shape[3]
-        else:
-            positions = int(np.prod(x_shape[:-1])) // batch
+        positions = layer_type_of(s).positions_per_example(x_shape, y_shape, batch)
         geometry[s.name] = {"input": x_shape, "output": y_shape, "positions": int(positions)}
     return geometry
 
@@ -312,33 +309,28 @@ class _Empty(nn.Cell):
 
 
 class _CaptureA(nn.Cell):
-    """A of one layer from its input, by the capture's own formula (:mod:`mindspore_ngd.curvature.factors`)."""
+    """A of one layer from its input, by the capture's own formula (its layer type's, over
+    :mod:`mindspore_ngd.curvature.factors`)."""
 
     def __init__(self, spec):
         super().__init__()
-        self.conv = spec.kind == "conv2d"
+        self.input_factor = layer_type_of(spec).input_factor
+        self.geometry = geometry_of(spec)
         self.has_bias = spec.has_bias
-        self.kernel, self.stride, self.dilation = spec.kernel_size, spec.stride, spec.dilation
-        self.pad_mode, self.padding = spec.pad_mode, spec.padding
 
     def construct(self, x):
-        if self.conv:
-            return ngd_factors.conv_input_factor(x, self.kernel, self.stride, self.dilation, self.pad_mode,
-                                                 self.padding, self.has_bias)
-        return ngd_factors.dense_input_factor(x, self.has_bias)
+        return self.input_factor(x, self.geometry, self.has_bias, 1.0, 1)
 
 
 class _CaptureG(nn.Cell):
     """G of one layer from its output gradient, by the capture's own formula."""
 
-    def __init__(self, conv):
+    def __init__(self, spec):
         super().__init__()
-        self.conv = conv
+        self.output_factor = layer_type_of(spec).output_factor
 
     def construct(self, dy):
-        if self.conv:
-            return ngd_factors.conv_output_factor(dy, 1.0)
-        return ngd_factors.dense_output_factor(dy, 1.0)
+        return self.output_factor(dy, 1.0, 1.0, 1)
 
 
 class _Inverse(nn.Cell):
@@ -398,20 +390,16 @@ class KernelTimer:
         return self.cache[key]
 
     def capture_a(self, spec, geometry, batch):
-        x_shape = (batch,) + tuple(geometry["input"][1:])
-        if spec.kind != "conv2d":
-            x_shape = (int(np.prod(x_shape[:-1])), x_shape[-1])
+        x_shape = layer_type_of(spec).statistic_shape((batch,) + tuple(geometry["input"][1:]))
         key = ("A", spec.kind, x_shape, spec.kernel_size, spec.stride, spec.dilation, spec.pad_mode, spec.padding,
                spec.has_bias)
         return self._cached(key, lambda: (_CaptureA(spec), (
             Tensor(self.rng.standard_normal(x_shape).astype(np.float32)),)))
 
     def capture_g(self, spec, geometry, batch):
-        y_shape = (batch,) + tuple(geometry["output"][1:])
-        if spec.kind != "conv2d":
-            y_shape = (int(np.prod(y_shape[:-1])), y_shape[-1])
+        y_shape = layer_type_of(spec).statistic_shape((batch,) + tuple(geometry["output"][1:]))
         key = ("G", spec.kind, y_shape)
-        return self._cached(key, lambda: (_CaptureG(spec.kind == "conv2d"), (
+        return self._cached(key, lambda: (_CaptureG(spec), (
             Tensor(self.rng.standard_normal(y_shape).astype(np.float32)),)))
 
     def inverse(self, dim, split_dim):

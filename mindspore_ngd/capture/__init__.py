@@ -18,13 +18,17 @@ contain it. The statistics buffers live in :class:`LayerCapture` cells owned by 
 they never enter the network's checkpoint.
 
 Layer discovery lives in :mod:`.discover`, the capture cells in :mod:`.cells`, the flags in
-:mod:`.control`.
+:mod:`.control`. What depends on the kind of layer (its classes, LayerSpec fields, capturing
+construct and factor formulas) is one :class:`~.layer_types.LayerType` per kind, in the registry of
+:mod:`.layer_types`: a new kind of layer is one more registered type.
 """
 from .cells import UNSEEN, LayerCapture, NormCapture, attach, current_capture, detach, never_captured
 from .control import CaptureControl
 from .discover import (CONV_CLASSES, DENSE_CLASSES, LAYER_CLASSES, LayerSpec, NormSpec, find_batchnorms,
                        find_layers)
+from .layer_types import LAYER_TYPES, LayerType, layer_type_of, register_layer_type
 
 __all__ = ["LayerSpec", "LayerCapture", "NormSpec", "NormCapture", "CaptureControl", "find_layers",
            "find_batchnorms", "attach", "detach", "current_capture", "never_captured", "UNSEEN",
-           "DENSE_CLASSES", "CONV_CLASSES", "LAYER_CLASSES"]
+           "DENSE_CLASSES", "CONV_CLASSES", "LAYER_CLASSES", "LayerType", "LAYER_TYPES", "layer_type_of",
+           "register_layer_type"]

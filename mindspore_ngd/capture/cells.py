@@ -8,6 +8,8 @@ from mindspore import mint, nn, ops, Parameter, Tensor
 from .._graph import corner
 from ..curvature import factors
 from .discover import _ATTR
+from .layer_types import geometry_of, layer_type_of, layer_type_of_class
+from .layer_types import _CapturedConv2d, _CapturedDense, _CapturedLinear, _CapturedMintConv2d  # noqa: F401
 
 __all__ = ["LayerCapture", "NormCapture", "attach", "detach", "current_capture", "never_captured", "UNSEEN"]
 
@@ -55,6 +57,9 @@ class LayerCapture(nn.Cell):
     every ``stat_stride``-th output position per spatial axis, rescaled as in
     :mod:`mindspore_ngd.curvature.factors`. The trace probes and the output-gradient sum always use
     the whole batch.
+
+    The formulas are those of the layer's :class:`~mindspore_ngd.capture.layer_types.LayerType`
+    (``layer_type_of(spec)``), held as attributes so that the compiled graph calls them directly.
     """
 
     def __init__(self, spec, prefix, loss_scale=1.0, traces=False, sums_gradient=False, stat_fraction=1.0,
@@ -69,7 +74,11 @@ class LayerCapture(nn.Cell):
         # the "positions" damping split (MindSpore's THOR) needs it; a shape, so the same every step
         _scratch(self, "positions", Parameter(Tensor(np.float32(1)), name=f"{base}.positions", requires_grad=False))
         self.capture_g = Parameter(Tensor(True), name=f"{base}.capture_g", requires_grad=False)
-        self.is_conv = spec.kind == "conv2d"
+        layer_type = layer_type_of(spec)
+        self.has_positions = layer_type.has_positions
+        self._input_factor, self._output_factor = layer_type.input_factor, layer_type.output_factor
+        self._input_trace, self._positions = layer_type.input_trace, layer_type.positions
+        self.geometry = geometry_of(spec)
         self.has_bias = spec.has_bias
         self.g_scale = 1.0 / float(loss_scale) ** 2
         self.kernel_size = spec.kernel_size
@@ -78,7 +87,7 @@ class LayerCapture(nn.Cell):
         self.pad_mode = spec.pad_mode
         self.padding = spec.padding
         self.stat_fraction = float(stat_fraction)
-        self.stat_stride = int(stat_stride) if self.is_conv else 1     # Dense layers have no positions
+        self.stat_stride = int(stat_stride) if self.has_positions else 1     # Dense layers have no positions
         self.grad_hook = ops.InsertGradientOf(self.save_output_factor)
         # a compile-time switch (set only while NGDTrainOneStepCell compiles or runs its lean graph): the
         # capture branches are left out of the graph, for steps on which no flag is set
@@ -111,31 +120,21 @@ class LayerCapture(nn.Cell):
         _scratch(self, "passes", Parameter(Tensor(0, ms.int32), name=f"{self._base}.passes", requires_grad=False))
 
     def input_trace(self, x):
-        if self.is_conv:
-            return factors.conv_input_trace(x, self.kernel_size, self.stride, self.dilation, self.pad_mode,
-                                            self.padding, self.has_bias)
-        return factors.dense_input_trace(x, self.has_bias)
+        return self._input_trace(x, self.geometry, self.has_bias)
 
     def input_factor(self, x):
-        if self.is_conv:
-            return factors.conv_input_factor(x, self.kernel_size, self.stride, self.dilation,
-                                             self.pad_mode, self.padding, self.has_bias, self.stat_fraction,
-                                             self.stat_stride)
-        return factors.dense_input_factor(x, self.has_bias, self.stat_fraction)
+        return self._input_factor(x, self.geometry, self.has_bias, self.stat_fraction, self.stat_stride)
 
     def output_factor(self, dy):
-        if self.is_conv:
-            return factors.conv_output_factor(dy, self.g_scale, self.stat_fraction, self.stat_stride)
-        return factors.dense_output_factor(dy, self.g_scale, self.stat_fraction)
+        return self._output_factor(dy, self.g_scale, self.stat_fraction, self.stat_stride)
 
     def capture_input(self, x):
         if self.bypass:                   # the lean graph of NGDTrainOneStepCell: no capture compiled in
             return x
         if self.capture_a:
             ops.assign(self.a_batch, self.input_factor(x))
-            if self.is_conv:
-                ops.assign(self.positions, ops.fill(ms.float32, (), float(factors.conv_positions(
-                    x, self.kernel_size, self.stride, self.dilation, self.pad_mode, self.padding))))
+            if self.has_positions:
+                ops.assign(self.positions, ops.fill(ms.float32, (), float(self._positions(x, self.geometry))))
         if self.traces_enabled:
             if self.trace_a:
                 ops.assign(self.a_trace, self.input_trace(x))
@@ -143,7 +142,7 @@ class LayerCapture(nn.Cell):
 
     def _summed(self, dy):
         if self.sums_gradient:
-            total = factors.output_sum(dy, self.is_conv)
+            total = factors.output_sum(dy, self.has_positions)
             dy = ops.depend(dy, ops.assign(self.grad_sum, total))
             return self._counted(dy, ops.reduce_sum(total))
         return self._counted(dy, None)
@@ -164,7 +163,7 @@ class LayerCapture(nn.Cell):
             ops.assign(self.g_batch, self.output_factor(dy))
         if self.traces_enabled:
             if self.trace_g:
-                ops.assign(self.g_trace, factors.output_trace(dy, self.g_scale, self.is_conv))
+                ops.assign(self.g_trace, factors.output_trace(dy, self.g_scale, self.has_positions))
             dy = ops.depend(dy, self.g_trace)
         dy = self._summed(dy)
         # the gradient flowing on waits for the buffer write: without this the optimizer could read
@@ -228,82 +227,12 @@ class _CapturedBatchNorm:
         return out
 
 
-class _CapturedDense:
-    """construct of a capturing nn.Dense (same computation as ``nn.Dense.construct``)."""
-
-    def construct(self, x):
-        x_shape = x.shape
-        if len(x_shape) != 2:
-            x = x.reshape(-1, x_shape[-1])
-        if self.training:
-            x = self._ngd_capture.capture_input(x)
-        x = self.matmul(x, self.weight)
-        if self.has_bias:
-            x = self.bias_add(x, self.bias)
-        if self.training:
-            x = self._ngd_capture.grad_hook(x)
-        if self.activation_flag:
-            x = self.activation(x)
-        if len(x_shape) != 2:
-            x = x.reshape(x_shape[:-1] + (x.shape[-1],))
-        return x
-
-
-class _CapturedConv2d:
-    """construct of a capturing nn.Conv2d (same computation as ``nn.Conv2d.construct``)."""
-
-    def construct(self, x):
-        if self.training:
-            x = self._ngd_capture.capture_input(x)
-        output = self.conv2d(x, self.weight)
-        if self.has_bias:
-            output = self.bias_add(output, self.bias)
-        if self.training:
-            output = self._ngd_capture.grad_hook(output)
-        return output
-
-
-class _CapturedLinear:
-    """construct of a capturing nn.Linear / mint.nn.Linear (``ops.Dense`` on the input as rows)."""
-
-    def construct(self, x):
-        if self.training:
-            x_shape = x.shape
-            rows = self._ngd_capture.capture_input(x.reshape(-1, x_shape[-1]))
-            out = self._ngd_capture.grad_hook(self.dense(rows, self.weight, self.bias))
-            return out.reshape(x_shape[:-1] + (out.shape[-1],))
-        return self.dense(x, self.weight, self.bias)
-
-
-class _CapturedMintConv2d:
-    """construct of a capturing mint.nn.Conv2d with zero padding (the same kernel call; an unbatched
-    (C, H, W) input is captured as a batch of one)."""
-
-    def construct(self, x):
-        if self.training:
-            unbatched = len(x.shape) == 3
-            if unbatched:
-                x = x.expand_dims(0)
-            x = self._ngd_capture.capture_input(x)
-            output = self.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
-            output = self._ngd_capture.grad_hook(output)
-            if unbatched:
-                output = output.squeeze(0)
-            return output
-        return self.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
-
-
-_MIXINS = ((nn.Dense, _CapturedDense), (nn.Linear, _CapturedLinear), (nn.Conv2d, _CapturedConv2d),
-           (mint.nn.Conv2d, _CapturedMintConv2d))
 _CLASSES = {}
 
 
 def _captured_class(cls):
-    mixin = _CapturedBatchNorm
-    for base, captured in _MIXINS:
-        if issubclass(cls, base):
-            mixin = captured
-            break
+    layer_type, _ = layer_type_of_class(cls)
+    mixin = _CapturedBatchNorm if layer_type is None else layer_type.mixin(cls)
     if cls not in _CLASSES:
         _CLASSES[cls] = type(f"NGD{cls.__name__}", (mixin, cls), {"_ngd_original_class": cls})
     return _CLASSES[cls]

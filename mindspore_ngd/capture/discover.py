@@ -3,14 +3,16 @@
 :func:`find_layers` returns a :class:`LayerSpec` for each supported ``nn.Dense``, ``nn.Linear`` and
 (zero-padded, ``groups=1``) ``nn.Conv2d`` / ``mint.nn.Conv2d`` cell, and the reason for each such cell
 it cannot take; :func:`find_batchnorms` does the same for the BatchNorm layers SP-NGD preconditions
-unit-wise. The capture itself is in :mod:`mindspore_ngd.capture.cells`.
+unit-wise. What depends on the kind of layer (the classes, their checks, ``a_dim`` / ``g_dim`` and
+geometry) is in the registry of :mod:`mindspore_ngd.capture.layer_types`. The capture itself is in
+:mod:`mindspore_ngd.capture.cells`.
 """
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
-import numpy as np
+from mindspore import nn
 
-from mindspore import mint, nn
+from .layer_types import CONV2D, DENSE, layer_type_of_class
 
 __all__ = ["LayerSpec", "NormSpec", "find_layers", "find_batchnorms", "DENSE_CLASSES", "CONV_CLASSES",
            "LAYER_CLASSES"]
@@ -18,9 +20,10 @@ __all__ = ["LayerSpec", "NormSpec", "find_layers", "find_batchnorms", "DENSE_CLA
 # the attribute of a captured cell that holds its capture (set by mindspore_ngd.capture.cells.attach)
 _ATTR = "_ngd_capture"
 
-# the layer classes find_layers takes, with the kind of factors they get; mint.nn.Linear is nn.Linear
-DENSE_CLASSES = (nn.Dense, nn.Linear)
-CONV_CLASSES = (nn.Conv2d, mint.nn.Conv2d)
+# the layer classes of the built-in kinds (layer_types.LAYER_TYPES, which find_layers consults, may
+# hold more); mint.nn.Linear is nn.Linear
+DENSE_CLASSES = DENSE.classes
+CONV_CLASSES = CONV2D.classes
 LAYER_CLASSES = DENSE_CLASSES + CONV_CLASSES
 
 
@@ -28,7 +31,7 @@ LAYER_CLASSES = DENSE_CLASSES + CONV_CLASSES
 class LayerSpec:
     """What the engine needs to know about one preconditioned layer."""
     name: str                       # the cell's name in the network, e.g. "conv1" or "layer1.0.fc"
-    kind: str                       # "dense" or "conv2d"
+    kind: str                       # "dense" or "conv2d": a key of layer_types.LAYER_TYPES
     weight_name: str                # the weight Parameter's name (unchanged by capture)
     bias_name: Optional[str]        # the bias Parameter's name, None without bias
     weight_shape: Tuple[int, ...]
@@ -46,50 +49,20 @@ class LayerSpec:
         return self.bias_name is not None
 
 
-def _pair(value):
-    return tuple(value) if isinstance(value, (tuple, list)) else (int(value), int(value))
-
-
 def _base_class(cell):
-    """The supported layer class ``cell`` is an instance of (the original one for a captured cell)."""
-    cls = getattr(type(cell), "_ngd_original_class", type(cell))
-    for base in LAYER_CLASSES:
-        if issubclass(cls, base):
-            return base
-    return None
+    """``(layer_type, base)``: the registered layer type of ``cell`` and its supported class (the
+    original class of a captured cell), or ``(None, None)``."""
+    return layer_type_of_class(getattr(type(cell), "_ngd_original_class", type(cell)))
 
 
-def _conv_geometry(cell):
-    """``(pad_mode, (top, bottom, left, right))`` of an nn.Conv2d or a mint.nn.Conv2d."""
-    pad = cell.padding
-    if isinstance(cell, nn.Conv2d):
-        if isinstance(pad, int):
-            return cell.pad_mode, (pad, pad, pad, pad)
-        pad = tuple(pad)
-        return cell.pad_mode, (pad if len(pad) == 4 else (pad[0], pad[0], pad[1], pad[1]))
-    # mint.nn.Conv2d: "same" / "valid", or (height, width) zero padding on both sides
-    if isinstance(pad, str):
-        return pad, (0, 0, 0, 0)
-    pad_h, pad_w = _pair(pad)
-    return "pad", (pad_h, pad_h, pad_w, pad_w)
-
-
-def _unsupported_reason(cell):
-    base = _base_class(cell)
+def _unsupported_reason(cell, layer_type, base):
     if not cell.weight.requires_grad:
         return "weight is not trainable"
     if type(cell).construct is not base.construct and not hasattr(cell, _ATTR):
         return "custom construct"
-    if base is nn.Conv2d:
-        if cell.group != 1:
-            return f"group={cell.group} convolution"
-        if getattr(cell, "data_format", "NCHW") != "NCHW":
-            return f"data_format={cell.data_format}"
-    elif base is mint.nn.Conv2d:
-        if cell.groups != 1:
-            return f"groups={cell.groups} convolution"
-        if cell.padding_mode != "zeros":
-            return f"padding_mode={cell.padding_mode!r} (only zero padding is captured)"
+    reason = layer_type.unsupported_reason(cell, base)
+    if reason is not None:
+        return reason
     if _bias(cell) is not None and not cell.bias.requires_grad:
         return "bias is not trainable"
     return None
@@ -103,19 +76,21 @@ def _bias(cell):
 
 
 def find_layers(network):
-    """Return ``(specs, cells, skipped)`` for the Dense/Linear/Conv2d cells of ``network``.
+    """Return ``(specs, cells, skipped)`` for the Dense/Linear/Conv2d cells of ``network`` (the cells
+    of every registered :class:`~mindspore_ngd.capture.layer_types.LayerType`).
 
     ``skipped`` lists ``(name, reason)`` for such cells that cannot be preconditioned; their
     parameters get the plain (momentum) update.
     """
     specs, cells, skipped = [], [], []
     for name, cell in network.cells_and_names():
-        if _base_class(cell) is None:
+        layer_type, base = _base_class(cell)
+        if layer_type is None:
             continue
         if not name:
             skipped.append(("<root>", "the network itself is a single layer; wrap it in a Cell"))
             continue
-        reason = _unsupported_reason(cell)
+        reason = _unsupported_reason(cell, layer_type, base)
         if reason is not None:
             skipped.append((name, reason))
             continue
@@ -123,16 +98,8 @@ def find_layers(network):
         bias_name = None if bias is None else bias.name
         has_bias = bias is not None
         w = tuple(cell.weight.shape)
-        if isinstance(cell, DENSE_CLASSES):
-            spec = LayerSpec(name=name, kind="dense", weight_name=cell.weight.name, bias_name=bias_name,
-                             weight_shape=w, a_dim=w[1] + int(has_bias), g_dim=w[0])
-        else:
-            pad_mode, padding = _conv_geometry(cell)
-            spec = LayerSpec(name=name, kind="conv2d", weight_name=cell.weight.name, bias_name=bias_name,
-                             weight_shape=w, a_dim=int(np.prod(w[1:])) + int(has_bias),
-                             g_dim=w[0], kernel_size=_pair(cell.kernel_size),
-                             stride=_pair(cell.stride)[-2:], dilation=_pair(cell.dilation)[-2:],
-                             pad_mode=pad_mode, padding=padding)
+        spec = LayerSpec(name=name, kind=layer_type.kind, weight_name=cell.weight.name, bias_name=bias_name,
+                         weight_shape=w, **layer_type.spec_fields(cell, w, has_bias))
         specs.append(spec)
         cells.append(cell)
     return specs, cells, skipped

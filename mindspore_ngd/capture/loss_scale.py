@@ -21,6 +21,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
+from .layer_types import layer_type_of
+
 __all__ = ["LossScaleProbe", "reference_layer"]
 
 _SNAP_TOLERANCE = 1e-3
@@ -31,8 +33,9 @@ def reference_layer(specs):
     """Index of the layer the probe reads, or None when no preconditioned layer has a bias.
 
     Dense layers first (a convolution's bias is often followed by BatchNorm, which makes its gradient
-    vanish up to rounding), then the fewest outputs (the cheapest sum; usually the classifier)."""
-    biased = [(s.kind != "dense", s.g_dim, k) for k, s in enumerate(specs) if s.has_bias]
+    vanish up to rounding; the order is ``LayerType.probe_rank``), then the fewest outputs (the
+    cheapest sum; usually the classifier)."""
+    biased = [(layer_type_of(s).probe_rank, s.g_dim, k) for k, s in enumerate(specs) if s.has_bias]
     return min(biased)[2] if biased else None
 
 
