@@ -41,19 +41,22 @@ def _data(size=BATCH * STEPS_PER_EPOCH, classes=10, hw=16, seed=0):
     return x, y
 
 
-def _epoch_losses(make_opt):
+def _epoch_losses(make_opt, data=None, batch=BATCH):
+    """Mean training loss of each of the 3 epochs on ``data`` (x, y; default: the template images) in
+    steps of ``batch``, label smoothing 0.1, loss scale 128, ``ConvBNNet`` with x's channels."""
+    x, y = _data() if data is None else data
+    steps = len(x) // batch
     ms.set_seed(0)
-    net = ConvBNNet(widths=(3, 16, 32, 32))
+    net = ConvBNNet(widths=(x.shape[1], 16, 32, 32))
     loss = nn.CrossEntropyLoss(reduction="mean", label_smoothing=0.1)
     step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), make_opt(net), sens=SCALE)
     step.set_train()
-    x, y = _data()
     losses = []
     for _ in range(EPOCHS):
-        for i in range(STEPS_PER_EPOCH):
-            part = slice(i * BATCH, (i + 1) * BATCH)
+        for i in range(steps):
+            part = slice(i * batch, (i + 1) * batch)
             losses.append(float(step(Tensor(x[part]), Tensor(y[part])).asnumpy()))
-    return np.array(losses).reshape(EPOCHS, STEPS_PER_EPOCH).mean(axis=1)
+    return np.array(losses).reshape(EPOCHS, steps).mean(axis=1)
 
 
 def _momentum():
@@ -96,22 +99,9 @@ def _digits():
     return x[order], digits.target.astype(np.int32)[order]
 
 
-def _digits_epoch_losses(make_opt, batch=GLOBAL_BATCH):
-    """Mean training loss of each of 3 epochs (7 steps each) on the digits, label smoothing 0.1, loss
-    scale 128, the network the other tests use with one input channel."""
-    x, y = _digits()
-    steps = len(x) // batch
-    ms.set_seed(0)
-    net = ConvBNNet(widths=(1, 16, 32, 32))
-    loss = nn.CrossEntropyLoss(reduction="mean", label_smoothing=0.1)
-    step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), make_opt(net), sens=SCALE)
-    step.set_train()
-    losses = []
-    for _ in range(EPOCHS):
-        for i in range(steps):
-            part = slice(i * batch, (i + 1) * batch)
-            losses.append(float(step(Tensor(x[part]), Tensor(y[part])).asnumpy()))
-    return np.array(losses).reshape(EPOCHS, steps).mean(axis=1)
+def _digits_epoch_losses(make_opt):
+    """:func:`_epoch_losses` on the digits at the global batch: 3 epochs of 7 steps."""
+    return _epoch_losses(make_opt, _digits(), GLOBAL_BATCH)
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
