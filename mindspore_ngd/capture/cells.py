@@ -3,13 +3,12 @@ class (see :mod:`mindspore_ngd.capture` for how they fit together)."""
 import numpy as np
 
 import mindspore as ms
-from mindspore import mint, nn, ops, Parameter, Tensor
+from mindspore import nn, ops, Parameter, Tensor
 
 from .._graph import corner
 from ..curvature import factors
 from .discover import _ATTR
 from .layer_types import geometry_of, layer_type_of, layer_type_of_class
-from .layer_types import _CapturedConv2d, _CapturedDense, _CapturedLinear, _CapturedMintConv2d  # noqa: F401
 
 __all__ = ["LayerCapture", "NormCapture", "attach", "detach", "current_capture", "never_captured", "UNSEEN"]
 
@@ -81,11 +80,6 @@ class LayerCapture(nn.Cell):
         self.geometry = geometry_of(spec)
         self.has_bias = spec.has_bias
         self.g_scale = 1.0 / float(loss_scale) ** 2
-        self.kernel_size = spec.kernel_size
-        self.stride = spec.stride
-        self.dilation = spec.dilation
-        self.pad_mode = spec.pad_mode
-        self.padding = spec.padding
         self.stat_fraction = float(stat_fraction)
         self.stat_stride = int(stat_stride) if self.has_positions else 1     # Dense layers have no positions
         self.grad_hook = ops.InsertGradientOf(self.save_output_factor)
