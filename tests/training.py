@@ -26,6 +26,20 @@ def template_images(size=256, classes=10, hw=16, seed=0):
     return templates[y] + 0.5 * rng.standard_normal((size, 3, hw, hw)).astype(np.float32), y
 
 
+class StepLosses(ms.train.Callback):
+    """Every training step's loss in ``values``, read from the step's output (a loss, or a loss-scale
+    cell's (loss, overflow, scale) tuple)."""
+
+    def __init__(self):
+        super().__init__()
+        self.values = []
+
+    def on_train_step_end(self, run_context):
+        loss = run_context.original_args().net_outputs
+        loss = loss[0] if isinstance(loss, (tuple, list)) else loss
+        self.values.append(float(np.asarray(loss.asnumpy()).reshape(-1)[0]))
+
+
 def train_step(net, opt, loss=CE):
     """``nn.TrainOneStepCell`` of ``net`` under ``loss``, in training mode."""
     step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt)

@@ -14,7 +14,7 @@ from mindspore.train import Model
 import mindspore_ngd as ngd
 from benchmarks.data import array_dataset
 from nets import BNNet
-from training import CE, batch, template_images
+from training import CE, StepLosses, batch, template_images
 
 STEPS = 4
 
@@ -162,17 +162,6 @@ def _zoo_resnet50():
     return module.build_network("resnet50", 10, {"zero_init_residual": True, "classifier_bias": False})
 
 
-class _Losses(ms.train.Callback):
-    def __init__(self):
-        super().__init__()
-        self.values = []
-
-    def step_end(self, run_context):
-        loss = run_context.original_args().net_outputs
-        loss = loss[0] if isinstance(loss, (tuple, list)) else loss
-        self.values.append(float(np.asarray(loss.asnumpy()).reshape(-1)[0]))
-
-
 RESNET_STEPS, RESNET_BATCH = 3, 8
 
 
@@ -198,7 +187,7 @@ def _resnet_flow(thor):
         model = ngd.ConvertModelUtils().convert_to_thor_model(model=model, network=net, loss_fn=loss, optimizer=opt,
                                                               loss_scale_manager=scale, metrics={"acc"},
                                                               amp_level="O2", keep_batchnorm_fp32=False)
-    losses = _Losses()
+    losses = StepLosses()
     model.train(1, data, callbacks=[losses], dataset_sink_mode=False)
     return {p.name: p.asnumpy().astype(np.float32).copy() for p in net.trainable_params()}, losses.values, opt
 

@@ -21,30 +21,22 @@ import pytest
 import mindspore as ms
 from mindspore import nn, Tensor
 from mindspore.amp import FixedLossScaleManager
-from mindspore.train import Callback, Model
+from mindspore.train import Model
 
 import mindspore_ngd as ngd
-from benchmarks.data import array_dataset
+from benchmarks.data import array_dataset, digits_arrays
 from benchmarks.models import ConvBNNet
+from training import StepLosses, template_images
 
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 
 LR, DAMPING, SCALE, BATCH, STEPS_PER_EPOCH, EPOCHS = 0.05803, 0.03, 128.0, 32, 4, 3
 
 
-def _data(size=BATCH * STEPS_PER_EPOCH, classes=10, hw=16, seed=0):
-    """The model zoo's synthetic images (src/dataset.py): a fixed class template plus 0.5 noise."""
-    rng = np.random.default_rng(seed)
-    templates = rng.standard_normal((classes, 3, hw, hw)).astype(np.float32)
-    y = (np.arange(size) % classes).astype(np.int32)
-    x = templates[y] + 0.5 * rng.standard_normal((size, 3, hw, hw)).astype(np.float32)
-    return x, y
-
-
 def _epoch_losses(make_opt, data=None, batch=BATCH):
     """Mean training loss of each of the 3 epochs on ``data`` (x, y; default: the template images) in
     steps of ``batch``, label smoothing 0.1, loss scale 128, ``ConvBNNet`` with x's channels."""
-    x, y = _data() if data is None else data
+    x, y = template_images(BATCH * STEPS_PER_EPOCH) if data is None else data
     steps = len(x) // batch
     ms.set_seed(0)
     net = ConvBNNet(widths=(x.shape[1], 16, 32, 32))
@@ -91,12 +83,9 @@ GLOBAL_BATCH = 256          # 8 devices x 32, the batch the recipes' learning ra
 
 
 def _digits():
-    """scikit-learn's digits (1797 8x8 images, one channel), in one fixed shuffled order."""
-    from sklearn.datasets import load_digits
-    digits = load_digits()
-    x = (digits.images / 16.0).astype(np.float32)[:, None]
-    order = np.random.default_rng(0).permutation(len(x))
-    return x[order], digits.target.astype(np.int32)[order]
+    """scikit-learn's digits (1797 8x8 images, one channel), all of them, in the loader's fixed shuffled order."""
+    x, y, _, _ = digits_arrays(test_fraction=0.0)
+    return x, y
 
 
 def _digits_epoch_losses(make_opt):
@@ -118,24 +107,6 @@ def test_the_zoo_recipes_at_their_global_batch_on_real_images_are_ahead_of_momen
     assert thor[-1] < 0.8 * momentum[-1], (thor, momentum)
 
 
-class _EpochLosses(Callback):
-    """Mean training loss of each epoch, read from the step's output (a loss, or a loss-scale cell's
-    (loss, overflow, scale) tuple)."""
-
-    def __init__(self):
-        super().__init__()
-        self.epochs, self._steps = [], []
-
-    def on_train_step_end(self, run_context):
-        out = run_context.original_args().net_outputs
-        loss = out[0] if isinstance(out, (tuple, list)) else out
-        self._steps.append(float(loss.asnumpy()))
-
-    def on_train_epoch_end(self, run_context):
-        self.epochs.append(float(np.mean(self._steps)))
-        self._steps = []
-
-
 def _models_repository_flow(thor, lr, damping):
     """The models repository's ``official/cv/ResNet/train.py`` with ``optimizer: Thor``: a Momentum
     ``Model`` with its ``FixedLossScaleManager(128)``, then (``thor=True``) ``thor(...)`` with nn.thor's
@@ -153,10 +124,10 @@ def _models_repository_flow(thor, lr, damping):
                        0.9, 5e-4, SCALE, GLOBAL_BATCH, split_indices=[2], frequency=834, verbose=False)
         model = ngd.ConvertModelUtils().convert_to_thor_model(model=model, network=net, loss_fn=loss, optimizer=opt,
                                                               loss_scale_manager=scale, metrics={"acc"})
-    record = _EpochLosses()
+    record = StepLosses()
     model.train(EPOCHS, array_dataset(x, y, GLOBAL_BATCH, shuffle=False), callbacks=[record],
                 dataset_sink_mode=False)
-    return np.array(record.epochs)
+    return np.array(record.values).reshape(EPOCHS, -1).mean(axis=1)
 
 
 def test_the_models_repository_thor_flow_at_the_global_batch_is_ahead_of_its_momentum_model():
