@@ -21,6 +21,8 @@ import numpy as np
 
 from mindspore import nn, ops, Parameter, Tensor
 
+from .state import LayerCounts
+
 __all__ = ["LayerCounters"]
 
 # (family: the Parameter's name suffix, also the per-layer key suffix of the checkpoints written
@@ -54,13 +56,14 @@ class LayerCounters(nn.Cell):
 
     # ------------------------------------------------------------------ graph side
     def factor_counts(self):
-        """(A update counts, G update counts, demoted flags) as stored, each a (layers,) vector."""
+        """(A update counts, G update counts, demoted flags) as stored, each a (layers,) vector (positions
+        named by :class:`~mindspore_ngd.curvature.state.LayerCounts`)."""
         return self.a_updates, self.g_updates, self.demoted
 
     def write_factor_counts(self, counts):
-        ops.assign(self.a_updates, counts[0])
-        ops.assign(self.g_updates, counts[1])
-        ops.assign(self.demoted, counts[2])
+        ops.assign(self.a_updates, counts[LayerCounts.A_UPDATES])
+        ops.assign(self.g_updates, counts[LayerCounts.G_UPDATES])
+        ops.assign(self.demoted, counts[LayerCounts.DEMOTED])
 
     def write_norm_counts(self, counts):
         ops.assign(self.f_updates, counts)
@@ -71,7 +74,7 @@ class LayerCounters(nn.Cell):
     @staticmethod
     def ready(counts):
         """Per layer: both factors have taken at least one batch (a bool (layers,) vector)."""
-        return ops.logical_and(counts[0] > 0, counts[1] > 0)
+        return ops.logical_and(counts[LayerCounts.A_UPDATES] > 0, counts[LayerCounts.G_UPDATES] > 0)
 
     # ------------------------------------------------------------------ host side
     def per_layer(self):

@@ -24,6 +24,7 @@ from .._graph import choose, columns as matrix_columns
 from ..capture import LayerCapture, never_captured
 from . import inverse as inv_ops
 from .blocks import BlockLayout, apply_left, apply_right
+from .state import fold_outcome
 from .statistics import damped_square_norm, fold_statistic
 
 __all__ = ["KroneckerBlock", "matrix_part"]
@@ -122,7 +123,8 @@ class KroneckerBlock(nn.Cell):
         """Fold the batch factors captured this step into the averages ``state`` = (A, G), which have
         taken ``updates`` = (A count, G count) batches so far; ``take_a``/``take_g``: the capture flags.
         Returns ``(new A, new G, outcome)`` with ``outcome`` = (A taken, G taken, A rejected, G rejected,
-        A change, G change) as float32 scalars (changes only with ``track_changes``). With ``damping``
+        A change, G change) as float32 scalars (changes only with ``track_changes``; positions named by
+        :class:`~mindspore_ngd.curvature.state.FoldOutcome`). With ``damping``
         each change is measured against the damped factor (``A + pi sqrt(damping) I``, split as the
         inversion splits it), so a factor far smaller than its damping counts as stable."""
         a_factor, g_factor = state
@@ -136,15 +138,15 @@ class KroneckerBlock(nn.Cell):
                                                      a_ref)
         g, g_count, g_bad, g_change = fold_statistic(g_factor, g_updates, g_batch, take_g, decay, track_changes,
                                                      g_ref)
-        outcome = (ops.cast(a_count - a_updates, ms.float32), ops.cast(g_count - g_updates, ms.float32),
-                   ops.cast(a_bad, ms.float32), ops.cast(g_bad, ms.float32))
-        if track_changes:
-            outcome += (a_change, g_change)
+        outcome = fold_outcome(ops.cast(a_count - a_updates, ms.float32), ops.cast(g_count - g_updates, ms.float32),
+                               ops.cast(a_bad, ms.float32), ops.cast(g_bad, ms.float32),
+                               (a_change, g_change) if track_changes else None)
         return a, g, outcome
 
     def write_factors(self, state):
-        ops.assign(self.a_factor, state[0])
-        ops.assign(self.g_factor, state[1])
+        a_factor, g_factor = state
+        ops.assign(self.a_factor, a_factor)
+        ops.assign(self.g_factor, g_factor)
 
     def positions(self):
         """T, the output positions the layer's A sums over (a float32 scalar; 1 for a Dense), as the last
@@ -167,24 +169,27 @@ class KroneckerBlock(nn.Cell):
         may warm-start from them, but only when ``trusted`` (the layer's has-inverse flag) says they
         are real inverses (before the first accepted refresh they are the initial identity) and their
         residual shows convergence."""
-        a_safe, a_valid, a_trace = inv_ops.sanitized_blocks(state[0], self.a_layout)
-        g_safe, g_valid, g_trace = inv_ops.sanitized_blocks(state[1], self.g_layout)
+        a_factor, g_factor = state
+        a_old, g_old = inverses
+        a_safe, a_valid, a_trace = inv_ops.sanitized_blocks(a_factor, self.a_layout)
+        g_safe, g_valid, g_trace = inv_ops.sanitized_blocks(g_factor, self.g_layout)
         a_shift, g_shift = inv_ops.split_damping_traces(a_trace, self.a_layout.dim, g_trace, self.g_layout.dim,
                                                         damping, self.damping_split, self.positions())
         a_inv, a_ok = inv_ops.damped_inverse(a_safe, a_shift, self.inverse_method,
-                                             inv_ops.jitter_of_trace(a_trace, self.jitter), inverses[0], trusted)
+                                             inv_ops.jitter_of_trace(a_trace, self.jitter), a_old, trusted)
         g_inv, g_ok = inv_ops.damped_inverse(ops.depend(g_safe, a_inv), g_shift, self.inverse_method,
-                                             inv_ops.jitter_of_trace(g_trace, self.jitter), inverses[1], trusted)
+                                             inv_ops.jitter_of_trace(g_trace, self.jitter), g_old, trusted)
         ok = ops.logical_and(ops.logical_and(a_valid, g_valid), ops.logical_and(a_ok, g_ok))
         take = ops.logical_and(ok, ready)
-        new_a = choose(take, a_inv, inverses[0])
-        new_g = choose(take, g_inv, inverses[1])
+        new_a = choose(take, a_inv, a_old)
+        new_g = choose(take, g_inv, g_old)
         fault = ops.cast(ops.logical_and(ready, ops.logical_not(ok)), ms.int32)
         return new_a, new_g, take, fault
 
     def write_inverses(self, state):
-        ops.assign(self.a_inverse, state[0])
-        ops.assign(self.g_inverse, state[1])
+        a_inverse, g_inverse = state
+        ops.assign(self.a_inverse, a_inverse)
+        ops.assign(self.g_inverse, g_inverse)
 
     # ------------------------------------------------------------------ gradient
     def gradient(self, gradients):
@@ -199,4 +204,5 @@ class KroneckerBlock(nn.Cell):
     def precondition(self, inverses, matrix):
         """``G^-1 dW A^-1``. Until the first accepted refresh the inverses are still the identity they
         were initialised to, and ``I dW I == dW`` exactly."""
-        return apply_right(apply_left(inverses[1], matrix, self.g_layout), inverses[0], self.a_layout)
+        a_inverse, g_inverse = inverses
+        return apply_right(apply_left(g_inverse, matrix, self.g_layout), a_inverse, self.a_layout)

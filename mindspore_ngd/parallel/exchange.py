@@ -119,9 +119,10 @@ class DistributedExchange(nn.Cell):
         return a_out, g_out, norms, chunk, extra
 
     def agree(self, outcomes, token):
-        """Collective 2: the per-layer fold outcomes (taken A/G, rejected A/G[, changes A/G]) summed
-        over the ranks; every statistic has ``grad_workers`` owners computing the same values, and
-        the others contribute zeros. Returned in the same per-layer form."""
+        """Collective 2: the per-layer fold outcomes (taken A/G, rejected A/G[, changes A/G]; a
+        :class:`~mindspore_ngd.curvature.state.FoldOutcome` each) summed over the ranks field by field;
+        every statistic has ``grad_workers`` owners computing the same values, and the others contribute
+        zeros. Returned in the same per-layer form."""
         fields = len(outcomes[0])
         flat = ()
         for outcome in outcomes:
