@@ -46,6 +46,8 @@ import numpy as np  # noqa: E402
 import mindspore as ms  # noqa: E402
 from mindspore import nn, ops, Tensor  # noqa: E402
 
+from mindspore_ngd.curvature.state import InverseState  # noqa: E402
+
 RANKS_FILE = "distributed_ranks.json"
 # msrun starts the workers (and its scheduler) as "python -m benchmarks.distributed" in this directory
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,7 +76,7 @@ class _Inversions(nn.Cell):
 
     def construct(self, damping):
         opt = self.optimizer
-        return opt._inverted(opt._stored_inverses(), opt._stored_factors(), damping, None)[1]
+        return opt._inverted(opt._stored_inverses(), opt._stored_factors(), damping, None)[InverseState.HAS_INVERSE]
 
 
 class _Barrier(nn.Cell):

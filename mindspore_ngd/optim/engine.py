@@ -54,6 +54,7 @@ from ..capture import CaptureControl, attach
 from ..capture.loss_scale import LossScaleProbe, reference_layer
 from ..curvature.counters import LayerCounters
 from ..curvature.kronecker import KroneckerBlock
+from ..curvature.state import FactorState, LayerCounts
 from ..curvature.unitwise import UnitBatchNormBlock, UnitBatchNormStack
 from ..parallel import comm as parallel_comm
 from ..parallel.exchange import DistributedExchange, LocalExchange
@@ -339,7 +340,7 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         if probe is not None and self._probe_every_step:
             scale = probe.scale_after(probe.probe(finite), gradients, finite, scale)
         # an op reads the flags now: a Parameter used after its assign would read the new value
-        not_demoted_before = ops.logical_not(factors[1][2])
+        not_demoted_before = ops.logical_not(factors[FactorState.COUNTS][LayerCounts.DEMOTED])
         if not self._lean:        # the lean graph runs only on steps that capture nothing: no fold
             if self.capture_control.any():
                 factors, refreshed, changes, scale = self._folded(factors, finite, gradients, scale, damping)
@@ -349,7 +350,8 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         # layers demoted this step are reported (warning, or error if strict) at the start of the next
         # step: a host call placed after the fold broke the reload of a checkpoint into the compiled
         # graph (measured, MindSpore 2.10); at the start of the step, like _watch's, it does not
-        ops.assign(self.demoted_unreported, ops.logical_and(factors[1][2], not_demoted_before))
+        ops.assign(self.demoted_unreported, ops.logical_and(factors[FactorState.COUNTS][LayerCounts.DEMOTED],
+                                                            not_demoted_before))
 
         # refresh the inverses the rule says are due
         due = self.refresh_rule.inverse_due(step, refreshed)

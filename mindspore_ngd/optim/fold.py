@@ -10,6 +10,8 @@ run-time branch from its host value)."""
 import mindspore as ms
 from mindspore import ops
 
+from ..curvature.state import FactorState, FoldOutcome, LayerCounts, factor_state, fold_outcome
+
 __all__ = ["Fold"]
 
 
@@ -26,17 +28,16 @@ class Fold:
         return flags
 
     def _stored_factors(self):
-        """(per layer (A, G), (A counts, G counts, demoted flags), factor fault count[, per BatchNorm layer
-        F, F counts]); counts and flags are (layers,) / (BatchNorm layers,) vectors."""
+        """The factor state as stored (:class:`~mindspore_ngd.curvature.state.FactorState`): per layer
+        (A, G), the counts and demoted flags, the factor fault count[, per BatchNorm layer F, F counts]."""
         layers, norms = (), ()
         for block in self.blocks:
             layers += (block.factors(),)
-        state = (layers, self.counters.factor_counts(), self.factor_faults)
         if not self.num_norms:
-            return state
+            return factor_state(layers, self.counters.factor_counts(), self.factor_faults)
         for block in self.norm_blocks:
             norms += (block.factors(),)
-        return state + (norms, self.counters.f_updates)
+        return factor_state(layers, self.counters.factor_counts(), self.factor_faults, norms, self.counters.f_updates)
 
     def _folded(self, state, finite, gradients, scale, damping):
         """(new factor state, per-layer flag 'A or G of this layer was taken', relative changes, loss
@@ -84,16 +85,22 @@ class Fold:
         fold_damping = damping if self._damped_changes else None
         norm_damping = self.policy.batchnorm_damping if self._damped_changes else None
         zero = ops.zeros((), ms.float32)
-        a_counts, g_counts, was_demoted = state[1]
+        stored_counts = state[FactorState.COUNTS]
+        a_counts, g_counts = stored_counts[LayerCounts.A_UPDATES], stored_counts[LayerCounts.G_UPDATES]
+        was_demoted = stored_counts[LayerCounts.DEMOTED]
         demoted = ops.logical_or(was_demoted, ops.stack(unseen))
         demoted_each, a_each, g_each = ops.unstack(demoted), ops.unstack(a_counts), ops.unstack(g_counts)
         # an owner's fold that took nothing: nothing taken or rejected, no change (-1, as block.fold
         # reports it); a rank that does not own the layer contributes zeros to the agreement
-        idle = (zero,) * 4 + ((-ops.ones((), ms.float32),) * 2 if track else ())
+        unchanged = -ops.ones((), ms.float32)
+        idle = fold_outcome(zero, zero, zero, zero, (unchanged, unchanged) if track else None)
+        absent = fold_outcome(zero, zero, zero, zero, (zero, zero) if track else None)
+        stored = state[FactorState.LAYERS]
         folded, outcomes = (), ()
         for k in range(self.num_layers):
             block = self.blocks[k]
-            a, g, outcome = state[0][k][0], state[0][k][1], (zero,) * (6 if track else 4)
+            a, g = stored[k]
+            outcome = absent
             if block.owned:
                 outcome = idle
                 take_a, take_g = self.capture_control.layer_flags(k)
@@ -103,11 +110,11 @@ class Fold:
                     # per-statistic intervals: most steps fold a few layers, so each layer's fold is a
                     # run-time branch of its own (nested in the fold's; like the per-layer inversions)
                     if ops.logical_or(take_a, take_g):
-                        a, g, outcome = block.fold(state[0][k], (a_each[k], g_each[k]), a_batches[k],
+                        a, g, outcome = block.fold(stored[k], (a_each[k], g_each[k]), a_batches[k],
                                                    g_batches[k], take_a, take_g, self.factor_decay, track,
                                                    fold_damping)
                 else:
-                    a, g, outcome = block.fold(state[0][k], (a_each[k], g_each[k]), a_batches[k], g_batches[k],
+                    a, g, outcome = block.fold(stored[k], (a_each[k], g_each[k]), a_batches[k], g_batches[k],
                                                take_a, take_g, self.factor_decay, track, fold_damping)
             folded += ((a, g),)
             outcomes += (outcome,)
@@ -116,24 +123,24 @@ class Fold:
         refreshed, took_a, took_g, rejected, a_changes, g_changes = (), (), (), (), (), ()
         for k in range(self.num_layers):
             outcome = outcomes[k]
-            took_a += (outcome[0],)
-            took_g += (outcome[1],)
-            rejected += (outcome[2] + outcome[3],)
-            refreshed += (ops.logical_or(outcome[0] > 0.5, outcome[1] > 0.5),)
+            took_a += (outcome[FoldOutcome.TOOK_A],)
+            took_g += (outcome[FoldOutcome.TOOK_G],)
+            rejected += (outcome[FoldOutcome.REJECTED_A] + outcome[FoldOutcome.REJECTED_G],)
+            refreshed += (ops.logical_or(outcome[FoldOutcome.TOOK_A] > 0.5, outcome[FoldOutcome.TOOK_G] > 0.5),)
             if track:
-                a_changes += (outcome[4],)
-                g_changes += (outcome[5],)
-        counts = (a_counts + ops.cast(ops.stack(took_a) > 0.5, ms.int32),
+                a_changes += (outcome[FoldOutcome.CHANGE_A],)
+                g_changes += (outcome[FoldOutcome.CHANGE_G],)
+        counts = (a_counts + ops.cast(ops.stack(took_a) > 0.5, ms.int32),      # in LayerCounts' order
                   g_counts + ops.cast(ops.stack(took_g) > 0.5, ms.int32), demoted)
-        faults = state[2] + ops.cast(ops.reduce_sum(ops.stack(rejected)) + 0.5, ms.int32)
+        faults = state[FactorState.FAULTS] + ops.cast(ops.reduce_sum(ops.stack(rejected)) + 0.5, ms.int32)
         changes = ops.stack(a_changes + g_changes) if track else -ops.ones((1,), ms.float32)
         if not self.num_norms:
-            return (folded, counts, faults), refreshed, changes, scale
+            return factor_state(folded, counts, faults), refreshed, changes, scale
         norms, norm_counts, norm_changes = (), (), ()
-        f_each = ops.unstack(state[4])
+        fishers, f_each = state[FactorState.NORM_FISHERS], ops.unstack(state[FactorState.NORM_COUNTS])
         for j in range(self.num_norms):
             fisher, count, bad, change = self.norm_blocks[j].fold(
-                state[3][j], f_each[j], f_batches[j], ops.logical_and(self.capture_control.norm_flag(j), finite),
+                fishers[j], f_each[j], f_batches[j], ops.logical_and(self.capture_control.norm_flag(j), finite),
                 self.factor_decay, track, norm_damping)
             norms += (fisher,)
             norm_counts += (count,)
@@ -141,14 +148,16 @@ class Fold:
             faults = faults + bad
         if track:
             changes = ops.concat((changes, ops.stack(norm_changes)))
-        return (folded, counts, faults, norms, ops.stack(norm_counts)), refreshed, changes, scale
+        return factor_state(folded, counts, faults, norms, ops.stack(norm_counts)), refreshed, changes, scale
 
     def _store_factors(self, state):
+        layers = state[FactorState.LAYERS]
         for k in range(self.num_layers):
-            self.blocks[k].write_factors(state[0][k])
-        self.counters.write_factor_counts(state[1])
-        ops.assign(self.factor_faults, state[2])
+            self.blocks[k].write_factors(layers[k])
+        self.counters.write_factor_counts(state[FactorState.COUNTS])
+        ops.assign(self.factor_faults, state[FactorState.FAULTS])
         if self.num_norms:
+            fishers = state[FactorState.NORM_FISHERS]
             for j in range(self.num_norms):
-                self.norm_blocks[j].write_factors(state[3][j])
-            self.counters.write_norm_counts(state[4])
+                self.norm_blocks[j].write_factors(fishers[j])
+            self.counters.write_norm_counts(state[FactorState.NORM_COUNTS])

@@ -5,6 +5,7 @@ import mindspore as ms
 from mindspore import ops
 
 from .._graph import columns as matrix_columns
+from ..curvature.state import FactorState, InverseState, LayerCounts
 
 __all__ = ["Precondition"]
 
@@ -17,19 +18,19 @@ class Precondition:
 
         Distributed, every rank ends with the same matrices, so the KL factor is identical on every
         rank; the gather waits for the fault count of the fold (collective 3 after 2)."""
-        own = ()
+        own, layer_inverses = (), inverses[InverseState.LAYERS]
         for k in range(self.num_layers):
             block = self.blocks[k]
             if block.owned:
-                own += (block.precondition(inverses[0][k], block.gradient(gradients)),)
-        matrices = self.exchange.gather(own, factors[2])
+                own += (block.precondition(layer_inverses[k], block.gradient(gradients)),)
+        matrices = self.exchange.gather(own, factors[FactorState.FAULTS])
         # a demoted layer's update is the plain one: outside the KL budget and never rescaled
-        demoted = factors[1][2]
+        demoted = factors[FactorState.COUNTS][LayerCounts.DEMOTED]
         stacked, norm_grads = None, None
         if self.num_norms:      # every BatchNorm layer's channels at once, cut into layers where needed
             norm_grads = self.norm_stack.gradients(gradients)
-            stacked = self.norm_stack.precondition(factors[3], factors[4], norm_grads,
-                                                   self.policy.batchnorm_damping)
+            stacked = self.norm_stack.precondition(factors[FactorState.NORM_FISHERS], factors[FactorState.NORM_COUNTS],
+                                                   norm_grads, self.policy.batchnorm_damping)
         if self.policy.kl_clip is None:
             return matrices, self._norm_pairs(stacked)
         if self.is_group_lr:

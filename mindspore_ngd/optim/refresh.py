@@ -9,6 +9,7 @@ import mindspore as ms
 from mindspore import ops
 
 from ..curvature.counters import LayerCounters
+from ..curvature.state import FactorState, InverseState, inverse_state
 
 __all__ = ["Refresh"]
 
@@ -24,14 +25,14 @@ class Refresh:
         return out
 
     def _stored_inverses(self):
-        """(per layer (A inverse, G inverse), has-inverse flags (layers,), inverse fault count[, per-layer
-        inversion counts of this step when distributed])."""
+        """The inverse state as stored (:class:`~mindspore_ngd.curvature.state.InverseState`): per layer
+        (A inverse, G inverse), the has-inverse flags, the inverse fault count[, when distributed, the
+        per-layer inversion counts of this step, zero]."""
         layers = ()
         for block in self.blocks:
             layers += (block.inverses(),)
-        if self.exchange.distributed:
-            return layers, self.counters.has_inverse, self.inverse_faults, ops.zeros((self.num_layers,), ms.int32)
-        return layers, self.counters.has_inverse, self.inverse_faults
+        inversions = ops.zeros((self.num_layers,), ms.int32) if self.exchange.distributed else None
+        return inverse_state(layers, self.counters.has_inverse, self.inverse_faults, inversions)
 
     def _inverted(self, state, factors, damping, layers):
         """New inverse state: every owned layer that is ready (and selected by ``layers``) re-inverted.
@@ -40,19 +41,21 @@ class Refresh:
         refreshed one layer inverts only that layer; the caller runs this under one outer branch,
         taken when any layer is due, so that a step which refreshed nothing dispatches one branch
         instead of one per layer. Otherwise the caller runs this under one branch for all layers."""
-        ready = LayerCounters.ready(factors[1])
+        ready = LayerCounters.ready(factors[FactorState.COUNTS])
         if layers is not None:
             ready = ops.logical_and(ready, ops.stack(layers))
-        ready, trusted = ops.unstack(ready), ops.unstack(state[1])
-        faults, new, taken, counts = state[2], (), (), ()
+        ready, trusted = ops.unstack(ready), ops.unstack(state[InverseState.HAS_INVERSE])
+        faults, new, taken, counts = state[InverseState.FAULTS], (), (), ()
+        stored, stored_factors = state[InverseState.LAYERS], factors[FactorState.LAYERS]
         after = None
         for k in range(self.num_layers):
             block = self.blocks[k]
-            a_inv, g_inv = state[0][k]
+            a_inv, g_inv = stored[k]
             take, inverted = ops.zeros((), ms.bool_), ops.zeros((), ms.int32)
-            layer_factors = factors[0][k]
+            layer_factors = stored_factors[k]
             if after is not None:
-                layer_factors = (ops.depend(layer_factors[0], after), ops.depend(layer_factors[1], after))
+                a_factor, g_factor = layer_factors
+                layer_factors = (ops.depend(a_factor, after), ops.depend(g_factor, after))
             if block.owned:
                 if self.refresh_rule.per_layer:
                     fault = ops.zeros((), ms.int32)
@@ -69,16 +72,15 @@ class Refresh:
             new += ((a_inv, g_inv),)
             taken += (take,)
             counts += (inverted,)
-        has = ops.logical_or(state[1], ops.stack(taken))
-        if self.exchange.distributed:
-            return new, has, faults, ops.stack(counts)
-        return new, has, faults
+        has = ops.logical_or(state[InverseState.HAS_INVERSE], ops.stack(taken))
+        return inverse_state(new, has, faults, ops.stack(counts) if self.exchange.distributed else None)
 
     def _store_inverses(self, state, due):
+        layers = state[InverseState.LAYERS]
         for k in range(self.num_layers):
-            self.blocks[k].write_inverses(state[0][k])
-        self.counters.write_has_inverse(state[1])
-        ops.assign(self.inverse_faults, state[2])
+            self.blocks[k].write_inverses(layers[k])
+        self.counters.write_has_inverse(state[InverseState.HAS_INVERSE])
+        ops.assign(self.inverse_faults, state[InverseState.FAULTS])
         ops.assign_add(self.inverse_refreshes, ops.cast(due, ms.int32))
         if self.exchange.distributed:
-            self.exchange.count_inversions(state[3])
+            self.exchange.count_inversions(state[InverseState.INVERSIONS])
