@@ -10,11 +10,11 @@ the configuration, so that every producer builds them alike.
 Why integer constants and not ``collections.namedtuple`` (measured, MindSpore 2.10 CPU): graph mode
 builds a namedtuple through the JIT fallback, as a Python object of no static type, not as a graph
 tuple. Under ``MS_DEV_JIT_SYNTAX_LEVEL=0`` (strict) no namedtuple built from tensors compiles at all;
-at the default level one holding Parameters and replaced inside a run-time branch failed to compile
-(its elements inferred as Float64), and one returned from a run-time branch together with another
-value -- the form of the fold's branch -- aborted the process at run time ("Invalid model output
-size"). A class attribute holding an int is a compile-time constant, also in strict mode, so
-``state[FactorState.COUNTS]`` compiles to the very graph ``state[1]`` did.
+at the default level a nested one holding Parameters, rebuilt inside a run-time branch, failed to
+compile (its elements inferred as Float64), and one returned from a run-time branch together with
+another value -- the form of the fold's branch -- aborted the process at run time ("Invalid model
+output size"). A class attribute holding an int is a compile-time constant, also in strict mode, so
+``state[FactorState.COUNTS]`` is the same constant-index item access as ``state[1]``.
 """
 
 __all__ = ["FactorState", "LayerCounts", "InverseState", "FoldOutcome", "factor_state", "inverse_state",
