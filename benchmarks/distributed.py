@@ -74,7 +74,7 @@ class _Inversions(nn.Cell):
 
     def construct(self, damping):
         opt = self.optimizer
-        return opt._inverted(opt._stored_inverses(), opt._stored_factors(), damping, None)[1]
+        return opt._refreshed(opt._stored_factors(), damping, None, ops.ones((), ms.bool_))[1]
 
 
 class _Barrier(nn.Cell):

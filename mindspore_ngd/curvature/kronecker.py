@@ -183,8 +183,9 @@ class KroneckerBlock(nn.Cell):
         return new_a, new_g, take, fault
 
     def write_inverses(self, state):
-        ops.assign(self.a_inverse, state[0])
-        ops.assign(self.g_inverse, state[1])
+        """Store (A inverse, G inverse); the G write's result, after the A write (to order on)."""
+        written = ops.assign(self.a_inverse, state[0])
+        return ops.depend(ops.assign(self.g_inverse, state[1]), written)
 
     # ------------------------------------------------------------------ gradient
     def gradient(self, gradients):
