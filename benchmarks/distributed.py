@@ -76,7 +76,7 @@ class _Inversions(nn.Cell):
 
     def construct(self, damping):
         opt = self.optimizer
-        return opt._inverted(opt._stored_inverses(), opt._stored_factors(), damping, None)[InverseState.HAS_INVERSE]
+        return opt._refreshed(opt._stored_factors(), damping, None, ops.ones((), ms.bool_))[InverseState.HAS_INVERSE]
 
 
 class _Barrier(nn.Cell):

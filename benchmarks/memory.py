@@ -12,6 +12,13 @@ the graph is compiled and after the steps, the peak, and the peak above Momentum
 dense Kronecker factors' own size (A and G of every preconditioned layer, float32). The issue-33
 goal is a ratio of at most 3.
 
+The resident set also holds what MindSpore's compiler keeps of the step's graph, host memory that
+grows with the number of graph nodes, not with the tensors. So two more columns split the tensors
+out: the stored state (every Parameter of the training cell, and the capture's batch buffers, which
+are not Parameters) and the peak of MindSpore's run-time memory pool (its own statistics,
+``MS_DEV_RUNTIME_CONF=memory_statistics:True``, printed at the child's exit): together, what a device
+would hold. Their sum above Momentum's is given in factor sizes as well.
+
 ``--model resnet50`` is the model zoo's ResNet-50 v1.5 (10 classes), ``--model resnet32`` the zoo's CIFAR
 ResNet-32 (its CIFAR recipes' network: activations, not factors, dominate there); ``--model mlp`` a stack of
 ``--layers`` Dense layers of ``--width`` units, the size the test suite's memory guard uses
@@ -20,6 +27,7 @@ ResNet-32 (its CIFAR recipes' network: activations, not factors, dominate there)
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -39,6 +47,24 @@ def _rss_mb():
 
 def _peak_mb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 10
+
+
+def _state_mb(step, opt):
+    """MB of the training cell's Parameters and of the capture's batch buffers (not Parameters)."""
+    tensors = {id(p): p for p in step.get_parameters()}
+    for block in tuple(getattr(opt, "blocks", ())) + tuple(getattr(opt, "norm_blocks", ())):
+        capture = getattr(block, "capture", None)
+        for name in ("a_batch", "g_batch", "f_batch"):
+            buffer = getattr(capture, name, None)
+            if buffer is not None:
+                tensors[id(buffer)] = buffer
+    return sum(t.size * t.itemsize for t in tensors.values()) / 2 ** 20
+
+
+def _pool_peak_mb(output):
+    """The run-time pool's peak ("actual peak used mem:<N>M") from MindSpore's exit statistics."""
+    peaks = [int(mb) for mb in re.findall(r"actual peak used mem:(\d+)M", output)]
+    return max(peaks) if peaks else None
 
 
 def _network(args):
@@ -85,7 +111,8 @@ def worker(args):
     rng = np.random.default_rng(0)
     x = Tensor(rng.standard_normal((args.batch,) + shape).astype(np.float32))
     y = Tensor(rng.integers(0, 10, args.batch).astype(np.int32))
-    out = {"optimizer": args.worker, "factors_mb": factors / 2 ** 20, "built_mb": _rss_mb()}
+    out = {"optimizer": args.worker, "factors_mb": factors / 2 ** 20, "built_mb": _rss_mb(),
+           "state_mb": _state_mb(step, opt)}
     start = time.perf_counter()
     step.compile(x, y)
     out["compile_s"] = time.perf_counter() - start
@@ -103,26 +130,46 @@ def measure(args, name):
     command = [sys.executable, "-m", "benchmarks.memory", "--worker", name, "--model", args.model,
                "--image", str(args.image), "--batch", str(args.batch), "--layers", str(args.layers),
                "--width", str(args.width), "--steps", str(args.steps)]
-    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    env = dict(os.environ)
+    conf = env.get("MS_DEV_RUNTIME_CONF", "")
+    env["MS_DEV_RUNTIME_CONF"] = ",".join(filter(None, (conf, "memory_statistics:True")))
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            result = json.loads(line[len("RESULT "):])
+            result["pool_peak_mb"] = _pool_peak_mb(proc.stdout + proc.stderr)
+            return result
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
     return {"optimizer": name, "error": f"exit code {proc.returncode}: {' / '.join(tail)}"}
 
 
+def _tensors_mb(result):
+    """Stored state plus the run-time pool's peak (None without the pool's statistics)."""
+    pool = result.get("pool_peak_mb")
+    return None if pool is None else result["state_mb"] + pool
+
+
+def _ratio(value, base, factors):
+    return "" if value is None or base is None or not factors else f"{(value - base) / factors:.1f}"
+
+
 def table(results):
-    base = next((r["peak_mb"] for r in results if r["optimizer"] == "momentum" and "peak_mb" in r), None)
+    momentum = next((r for r in results if r["optimizer"] == "momentum" and "peak_mb" in r), None)
+    base = None if momentum is None else momentum["peak_mb"]
+    base_tensors = None if momentum is None else _tensors_mb(momentum)
     lines = ["| optimizer | dense factors (MB) | built (MB) | compiled (MB) | after steps (MB) | peak (MB) | "
-             "peak - Momentum's, in factor sizes | compile (s) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "peak - Momentum's, in factor sizes | stored state (MB) | run-time pool peak (MB) | "
+             "state + pool - Momentum's, in factor sizes | compile (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['optimizer']} | | | | | failed: {r['error']} | | |")
+            lines.append(f"| {r['optimizer']} | | | | | failed: {r['error']} | | | | | |")
             continue
-        ratio = "" if base is None or not r["factors_mb"] else f"{(r['peak_mb'] - base) / r['factors_mb']:.1f}"
+        pool = r.get("pool_peak_mb")
         lines.append(f"| {r['optimizer']} | {r['factors_mb']:.0f} | {r['built_mb']:.0f} | {r['compiled_mb']:.0f} | "
-                     f"{r['stepped_mb']:.0f} | {r['peak_mb']:.0f} | {ratio} | {r['compile_s']:.0f} |")
+                     f"{r['stepped_mb']:.0f} | {r['peak_mb']:.0f} | {_ratio(r['peak_mb'], base, r['factors_mb'])} | "
+                     f"{r['state_mb']:.0f} | {'' if pool is None else pool} | "
+                     f"{_ratio(_tensors_mb(r), base_tensors, r['factors_mb'])} | {r['compile_s']:.0f} |")
     return "\n".join(lines)
 
 

@@ -12,25 +12,25 @@ Not every indexing form is dear: a slice of the leading axis, ``x[:n]``, compile
 is. What costs is an integer index, a slice of a second axis, and shape arithmetic on tuples
 (``x.shape[1:]``, ``(0,) * rank``) inside a helper, so the helpers take their sizes as arguments.
 
-Four helpers exist because of memory, not compile time. MindSpore 2.10's CPU kernels below hold
+Five helpers exist because of memory, not compile time. MindSpore 2.10's CPU kernels below hold
 buffers of several times their tensor's size for the process's life (measured on eight 2048 x 2048
 float32 matrices, docs/performance.md): ``ops.where`` with a 0-d condition and matrix operands, about six
 (at compile time); a Transpose, about 2.25 (at compile time); a broadcast product such as
 ``u[:, None] * v[None, :]``, four to five (from the first run). Summed over the factors, inverses and
 conv patches of ResNet-50 they were most of the memory a K-FAC step needed. So :func:`choose`
-broadcasts the condition first, :func:`outer` is a matrix product with one inner term and
-:func:`gram` uses MatMul's transpose flag; each gives the same values as the form it replaces.
+broadcasts the condition first, :func:`outer` is a matrix product with one inner term,
+:func:`gram` uses MatMul's transpose flag, and :func:`transposed` and :func:`permuted` go through
+``mint.permute``, which has no such buffers; each gives the same values as the form it replaces.
 The ``/`` operator (``Div``) holds about six buffers of its output's size from the first run, and
 ``RealDiv``, the same IEEE division, none (measured on six 2048 x 2048 float32 quotients: 384 MB
 against 0 of growth, 2026-11-27), so :func:`divide` is ``RealDiv``.
 """
-from mindspore import ops
+from mindspore import mint, ops
 
-__all__ = ["first", "corner", "top_left", "transposed", "columns", "outer", "gram", "choose", "divide"]
+__all__ = ["first", "corner", "top_left", "transposed", "permuted", "columns", "outer", "gram", "choose", "divide"]
 
 _SLICE = ops.Slice()
 _RESHAPE = ops.Reshape()
-_TRANSPOSE = ops.Transpose()
 _MATMUL_TA = ops.MatMul(transpose_a=True)
 _BATCH_MATMUL_TA = ops.BatchMatMul(transpose_a=True)
 _REAL_DIV = ops.RealDiv()
@@ -51,10 +51,21 @@ def top_left(matrix, rows, cols):
     return _SLICE(matrix, (0, 0), (rows, cols))
 
 
+def permuted(x, axes):
+    """``x.transpose(axes)``, through ``mint.permute`` (documented for Ascend, GPU and CPU).
+
+    MindSpore 2.10's CPU Transpose kernel (``ops.transpose``, ``Tensor.T``, ``Tensor.transpose``,
+    ``swapaxes``, ``ops.t``) holds about 2.5 copies of its tensor from compile time for the process's
+    life; ``mint.permute`` gives the same values and holds nothing (measured on eight 2048 x 2048
+    float32 matrices: 299 MB against 1 MB of compile growth, 2026-11-27; values bit-identical,
+    tests/numerics/test_graph_idioms.py)."""
+    return mint.permute(x, axes)
+
+
 def transposed(x):
     """``x`` with its last two axes swapped (``x.swapaxes(-1, -2)``)."""
     rank = len(x.shape)
-    return _TRANSPOSE(x, tuple(range(rank - 2)) + (rank - 1, rank - 2))
+    return permuted(x, tuple(range(rank - 2)) + (rank - 1, rank - 2))
 
 
 def columns(matrix, start, count):

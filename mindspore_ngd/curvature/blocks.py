@@ -49,7 +49,7 @@ import numpy as np
 from mindspore import ops, Tensor
 from mindspore.ops import constexpr
 
-from .._graph import top_left
+from .._graph import permuted, top_left
 
 __all__ = ["BlockLayout", "to_blocks", "from_blocks", "apply_right", "apply_left"]
 
@@ -150,8 +150,8 @@ def apply_right(matrix, inv_blocks, layout):
     rows = matrix.shape[0]
     if layout.pad:
         matrix = ops.concat((matrix, ops.zeros((rows, layout.pad), matrix.dtype)), axis=1)
-    grouped = matrix.reshape(rows, nb, s).transpose(1, 0, 2)           # (nb, rows, s)
-    out = ops.bmm(grouped, inv_blocks).transpose(1, 0, 2)               # (rows, nb, s)
+    grouped = permuted(matrix.reshape(rows, nb, s), (1, 0, 2))          # (nb, rows, s)
+    out = permuted(ops.bmm(grouped, inv_blocks), (1, 0, 2))              # (rows, nb, s)
     out = out.reshape(rows, layout.padded)
     return top_left(out, rows, dim) if layout.pad else out
 

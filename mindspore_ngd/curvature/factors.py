@@ -39,7 +39,7 @@ import math
 import mindspore as ms
 from mindspore import ops
 
-from .._graph import divide, gram as _gram
+from .._graph import divide, gram as _gram, permuted, transposed
 
 __all__ = ["kept_rows", "kept_examples", "output_sum", "dense_input_factor", "dense_output_factor",
            "conv_input_factor", "conv_output_factor", "conv_patches", "conv_positions", "same_padding", "dense_input_trace",
@@ -59,15 +59,14 @@ def _position_gram(rows):
     """``sum_n X_n X_n^T`` of a (N, D, T) stack (im2col patches, or a conv layer's output gradients),
     and the (D, 1) column of its sums over N and T.
 
-    Laid out as one (D, N*T) matrix, as small layers are, the stack needs a transposed copy, and
-    MindSpore 2.10's CPU Transpose kernel keeps about 2.5 copies' worth of buffers for the process's
-    life (measured: 180 MB for 72 MB of patches of ResNet-32's first stage at batch 128). A large stack
-    with ``D <= T`` is multiplied per example instead (one batched matmul, then a sum over N: an
-    intermediate no larger than the stack) and never transposed."""
+    Laid out as one (D, N*T) matrix, as small layers are, the stack needs a transposed copy
+    (:func:`~mindspore_ngd._graph.permuted`; the Transpose kernel used before held about 2.5 copies of
+    it for the process's life). A large stack with ``D <= T`` is multiplied per example instead (one
+    batched matmul, then a sum over N: an intermediate no larger than the stack, no copy)."""
     n, d, t = rows.shape
     if d <= t and n * d * t >= BATCHED_GRAM_MIN:
         return _BATCH_MATMUL_TB(rows, rows).sum(0), rows.sum(2).sum(0).reshape(d, 1)
-    cols = rows.transpose(1, 0, 2).reshape(d, n * t)
+    cols = permuted(rows, (1, 0, 2)).reshape(d, n * t)
     return _MATMUL_TB(cols, cols), cols.sum(1, keepdims=True)
 
 
@@ -223,7 +222,7 @@ def conv_input_factor(x, kernel_size, stride, dilation, pad_mode, padding, has_b
         col_sum = divide(sums, divisor)
         corner = ops.fill(ms.float32, (1, 1), float(total))
         a = ops.concat((ops.concat((a, col_sum), 1),
-                        ops.concat((col_sum.transpose(1, 0), corner), 1)), 0)
+                        ops.concat((transposed(col_sum), corner), 1)), 0)
     return a
 
 

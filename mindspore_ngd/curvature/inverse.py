@@ -266,7 +266,7 @@ def _eigh_inverse(sym, total):
         values, vectors = msla.eigh(mat)
         lows.append(ops.reduce_min(values))
         highs.append(ops.reduce_max(ops.abs(values)))
-        invs.append(ops.matmul(divide(vectors, ops.relu(values) + total), vectors.transpose(1, 0)))
+        invs.append(ops.matmul(divide(vectors, ops.relu(values) + total), transposed(vectors)))
     if len(mats) == 1:
         inv = invs[0] if sym.ndim == 2 else ops.stack(invs, 0)
         return inv, lows[0] < -1e-4 * highs[0]

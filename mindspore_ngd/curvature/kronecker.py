@@ -187,9 +187,10 @@ class KroneckerBlock(nn.Cell):
         return new_a, new_g, take, fault
 
     def write_inverses(self, state):
+        """Store (A inverse, G inverse); the G write's result, after the A write (to order on)."""
         a_inverse, g_inverse = state
-        ops.assign(self.a_inverse, a_inverse)
-        ops.assign(self.g_inverse, g_inverse)
+        written = ops.assign(self.a_inverse, a_inverse)
+        return ops.depend(ops.assign(self.g_inverse, g_inverse), written)
 
     # ------------------------------------------------------------------ gradient
     def gradient(self, gradients):

@@ -361,13 +361,7 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
             due = ops.logical_or(due, redamp)
             if layers is not None:
                 layers = self._all_layers(layers, redamp)
-        inverses = self._stored_inverses()
-        if self.refresh_rule.per_layer:                   # one branch per layer inside
-            if due:
-                inverses = self._inverted(inverses, factors, damping, layers)
-        elif due:
-            inverses = self._inverted(inverses, factors, damping, layers)
-        self._store_inverses(inverses, due)
+        inverses = self._refreshed(factors, damping, layers, due)    # one branch per layer, each written at once
         self._inverted_at(due, boost, inverted_boost)
 
         # precondition, gather and rescale; then update every parameter

@@ -39,6 +39,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Tensor
 
+from .._graph import transposed
 from .packing import tri_size, triu_flat_indices
 from .plan import plan_ownership
 
@@ -287,7 +288,7 @@ class ParallelOps(nn.Cell):
         """The symmetric ``dim x dim`` matrix whose upper triangle is ``packed``: scatter into the
         triangle, then ``U + U^T - diag(U)`` (no ``dim^2`` index array)."""
         upper = ops.scatter_nd(self.tri_scatter[slot], packed, (dim * dim,)).reshape(dim, dim)
-        return upper + upper.T - ops.diag(ops.diagonal(upper))
+        return upper + transposed(upper) - ops.diag(ops.diagonal(upper))
 
     @staticmethod
     def _padded(pieces, used, chunk):
