@@ -52,6 +52,10 @@ def _mint_mul_scalar(x, i, m):
     return mint.mul(x, 2.0)
 
 
+def _mint_permute(x, i, m):
+    return mint.permute(x, (1, 0)) * 2.0
+
+
 def _tensor_over_scalar(x, i, m):
     return x / 2.0
 
@@ -101,6 +105,9 @@ EMITTED_BY = {
     "LessScalar": (("mindspore.ops.less", _ops_less_scalar),),
     "RemainderTensorScalar": (("mindspore.mint.remainder", _mint_remainder_scalar),),
     "MatMulExt": (("mindspore.ops.matmul", _ops_matmul),),
+    # ops.TransposeView's own docstring lists Ascend only; the public mint.permute, which the package's
+    # transposes use (mindspore_ngd._graph.permuted), is documented for Ascend, GPU and CPU
+    "TransposeView": (("mindspore.mint.permute", _mint_permute),),
     "raise": (("mindspore.jit", _runtime_raise),),
     "JoinedStr": (("mindspore.jit", _runtime_raise),),
     "PyExecute": (("mindspore.jit", _runtime_python_call),),
