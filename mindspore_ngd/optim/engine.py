@@ -23,11 +23,12 @@ Steps 1 to 3 and 6 belong to the curvature estimator the optimizer owns (``opt.c
 :class:`~mindspore_ngd.curvature.estimator.BlockDiagonalCurvature`): the blocks, their counters and
 capture flags, the exchange, the refresh rule and the fault and refresh counts. The other steps have
 their own modules, mixed into :class:`NGDOptimizer`: the preconditioning and KL clipping in
-:mod:`~mindspore_ngd.optim.precondition`, the update in :mod:`~mindspore_ngd.optim.update`; adaptive damping is a controller Cell the optimizer owns
-(:mod:`~mindspore_ngd.optim.damping`), the divergence rules are in :mod:`~mindspore_ngd.optim.divergence`,
-the step's watch and the status read on the host in :mod:`~mindspore_ngd.optim.status`, wired together
-by :mod:`~mindspore_ngd.optim.guard`; this module builds the optimizer and runs the step. K-FAC, SP-NGD
-and THOR differ only in their :class:`~mindspore_ngd.Policy`. Each layer's state lives in its block
+:mod:`~mindspore_ngd.optim.precondition`, the update in :mod:`~mindspore_ngd.optim.update`; adaptive
+damping is a controller Cell the optimizer owns (:mod:`~mindspore_ngd.optim.damping`), the divergence
+rules are in :mod:`~mindspore_ngd.optim.divergence`, the step's watch and the status read on the host in
+:mod:`~mindspore_ngd.optim.status`, wired together by :mod:`~mindspore_ngd.optim.guard`; this module
+builds the optimizer and runs the step. K-FAC, SP-NGD and THOR differ only in their
+:class:`~mindspore_ngd.Policy`. Each layer's state lives in its block
 (:mod:`mindspore_ngd.curvature.kronecker`, :mod:`~mindspore_ngd.curvature.unitwise`), the collectives
 in their one order in the exchange (:mod:`mindspore_ngd.parallel.exchange`).
 
@@ -197,7 +198,7 @@ class NGDOptimizer(Precondition, Inspection, Update, Guard, nn.Optimizer):
         self.moments = self._parameters.clone(prefix=f"{prefix}.moments", init="zeros")
 
         # the blocks, their counters and capture flags, the exchange, the refresh rule and the fault and
-        # refresh counts: the curvature estimator (curvature/estimator.py), steps 2 and 3 of the step
+        # refresh counts: the curvature estimator (curvature/estimator.py), which folds and refreshes
         self.communicator = comm
         self.parallel_plan = None if comm is None else comm.plan
         self.curvature = BlockDiagonalCurvature(specs, norm_specs, index, owned, comm, policy, loss_scale,
