@@ -72,11 +72,12 @@ class _Inversions(nn.Cell):
 
     def __init__(self, optimizer):
         super().__init__(auto_prefix=False)
-        self.optimizer = optimizer
+        self.curvature = optimizer.curvature
 
     def construct(self, damping):
-        opt = self.optimizer
-        return opt._refreshed(opt._stored_factors(), damping, None, ops.ones((), ms.bool_))[InverseState.HAS_INVERSE]
+        curvature = self.curvature
+        inverses = curvature.refreshed(curvature.stored_factors(), damping, None, ops.ones((), ms.bool_))
+        return inverses[InverseState.HAS_INVERSE]
 
 
 class _Barrier(nn.Cell):

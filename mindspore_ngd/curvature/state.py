@@ -1,7 +1,7 @@
 """Names for the positions of the step state the engine passes through its compiled graph.
 
-The fold, the refresh and the preconditioning (:mod:`mindspore_ngd.optim.fold`, ``.refresh``,
-``.precondition``) hand the curvature state on as tuples, and the blocks
+The fold and the refresh (:mod:`mindspore_ngd.curvature.estimator`) and the preconditioning
+(:mod:`mindspore_ngd.optim.precondition`) hand the curvature state on as tuples, and the blocks
 (:class:`~mindspore_ngd.curvature.kronecker.KroneckerBlock`,
 :class:`~mindspore_ngd.curvature.counters.LayerCounters`) produce and read parts of it. Each class
 below names the positions of one such tuple; the functions build the tuples whose length depends on
@@ -22,8 +22,9 @@ __all__ = ["FactorState", "LayerCounts", "InverseState", "FoldOutcome", "factor_
 
 
 class FactorState:
-    """Positions of the factor state: :meth:`~mindspore_ngd.optim.fold.Fold._stored_factors` reads it,
-    :meth:`~mindspore_ngd.optim.fold.Fold._folded` returns the new one, built by :func:`factor_state`."""
+    """Positions of the factor state: :meth:`~mindspore_ngd.curvature.estimator.BlockDiagonalCurvature.stored_factors`
+    reads it, :meth:`~mindspore_ngd.curvature.estimator.BlockDiagonalCurvature.folded` returns the new one, built
+    by :func:`factor_state`."""
     LAYERS = 0          # per preconditioned layer its (A, G)
     COUNTS = 1          # the layers' counts and demoted flags, a LayerCounts tuple
     FAULTS = 2          # factor fault count (int32 scalar)
@@ -40,9 +41,10 @@ class LayerCounts:
 
 
 class InverseState:
-    """Positions of the inverse state: :meth:`~mindspore_ngd.optim.refresh.Refresh._stored_inverses`
-    reads it, :meth:`~mindspore_ngd.optim.refresh.Refresh._inverted` returns the new one, built by
-    :func:`inverse_state`."""
+    """Positions of the inverse state:
+    :meth:`~mindspore_ngd.curvature.estimator.BlockDiagonalCurvature.stored_inverses` reads it,
+    :meth:`~mindspore_ngd.curvature.estimator.BlockDiagonalCurvature.refreshed` returns the new one, built
+    by :func:`inverse_state`."""
     LAYERS = 0          # per preconditioned layer its (A inverse, G inverse)
     HAS_INVERSE = 1     # per layer: holds an accepted inverse (bool (layers,))
     FAULTS = 2          # inverse fault count (int32 scalar)

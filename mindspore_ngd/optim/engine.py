@@ -19,14 +19,16 @@ One training step, as :meth:`NGDOptimizer.construct` reads:
 (no fold, no factor write-backs; the capture cells without their branches) and runs that graph on the
 steps whose capture flags are all off, where the two compute the same values.
 
-The steps have their own modules, mixed into :class:`NGDOptimizer`: the fold in
-:mod:`~mindspore_ngd.optim.fold`, the refresh in :mod:`~mindspore_ngd.optim.refresh`, the
-preconditioning and KL clipping in :mod:`~mindspore_ngd.optim.precondition`, the update in
-:mod:`~mindspore_ngd.optim.update`; adaptive damping is a controller Cell the optimizer owns
-(:mod:`~mindspore_ngd.optim.damping`), the divergence rules are in :mod:`~mindspore_ngd.optim.divergence`,
-the step's watch and the status read on the host in :mod:`~mindspore_ngd.optim.status`, wired together
-by :mod:`~mindspore_ngd.optim.guard`; this module builds the optimizer and runs the step. K-FAC, SP-NGD
-and THOR differ only in their :class:`~mindspore_ngd.Policy`. Each layer's state lives in its block
+Steps 1 to 3 and 6 belong to the curvature estimator the optimizer owns (``opt.curvature``,
+:class:`~mindspore_ngd.curvature.estimator.BlockDiagonalCurvature`): the blocks, their counters and
+capture flags, the exchange, the refresh rule and the fault and refresh counts. The other steps have
+their own modules, mixed into :class:`NGDOptimizer`: the preconditioning and KL clipping in
+:mod:`~mindspore_ngd.optim.precondition`, the update in :mod:`~mindspore_ngd.optim.update`; adaptive
+damping is a controller Cell the optimizer owns (:mod:`~mindspore_ngd.optim.damping`), the divergence
+rules are in :mod:`~mindspore_ngd.optim.divergence`, the step's watch and the status read on the host in
+:mod:`~mindspore_ngd.optim.status`, wired together by :mod:`~mindspore_ngd.optim.guard`; this module
+builds the optimizer and runs the step. K-FAC, SP-NGD and THOR differ only in their
+:class:`~mindspore_ngd.Policy`. Each layer's state lives in its block
 (:mod:`mindspore_ngd.curvature.kronecker`, :mod:`~mindspore_ngd.curvature.unitwise`), the collectives
 in their one order in the exchange (:mod:`mindspore_ngd.parallel.exchange`).
 
@@ -50,25 +52,19 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
 from .. import _validate
-from ..capture import CaptureControl, attach
-from ..capture.loss_scale import LossScaleProbe, reference_layer
-from ..curvature.counters import LayerCounters
-from ..curvature.kronecker import KroneckerBlock
+from ..capture import attach
+from ..curvature.estimator import BlockDiagonalCurvature
 from ..curvature.state import FactorState, LayerCounts
-from ..curvature.unitwise import UnitBatchNormBlock, UnitBatchNormStack
 from ..parallel import comm as parallel_comm
-from ..parallel.exchange import DistributedExchange, LocalExchange
 from ..schedule import as_schedule, as_unit_schedule
 from .groups import parse_groups
 from .layers import discover, parameter_roles, plain_layers
 from .argdocs import shared_arguments
 from .policy import Policy, check_arguments, default_decay_filter, resolve_nesterov
-from .fold import Fold
 from .divergence import check_divergence_growth
 from .guard import Guard
 from .status import refuse_compile_cache, resolve_host_calls
 from .precondition import Precondition
-from .refresh import Refresh
 from .report import Inspection, loss_refusal, not_training_message, register_for_loss_check, report_invisible
 from .update import Update, flat_gradients
 
@@ -76,9 +72,14 @@ __all__ = ["NGDOptimizer"]
 
 logger = logging.getLogger("mindspore_ngd")
 
+# the attributes the optimizer held before the curvature estimator owned them (``opt.blocks`` is
+# ``opt.curvature.blocks``), kept for the host-side readers: tests, benchmarks, callbacks, user code
+_FORMER_NAMES = ("blocks", "norm_blocks", "norm_stack", "counters", "capture_control", "exchange", "refresh_rule",
+                 "factor_faults", "inverse_faults", "inverse_refreshes", "statistic_names", "factor_decay")
+
 
 @shared_arguments
-class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Optimizer):
+class NGDOptimizer(Precondition, Inspection, Update, Guard, nn.Optimizer):
     """Natural-gradient optimizer engine (an ``nn.Optimizer``); use :class:`mindspore_ngd.KFAC` etc.
 
     Two ways of training are refused on the first step, before any weight moves: a loss that is not the
@@ -172,15 +173,11 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
 
         super().__init__(learning_rate, groups.parameters, weight_decay=0.0, loss_scale=loss_scale)
         self.policy = policy
-        # SP-NGD's changes measured against the damped statistics (StaleIntervals.measure)
-        self._damped_changes = bool(getattr(policy.refresh, "damped_changes", False))
         self.inverse_method = policy.inverse_method
         self.layer_specs = tuple(specs)
         self.norm_specs = tuple(norm_specs)
         self.skipped_layers = tuple(skipped)
         self.num_layers, self.num_norms, self.num_params = len(specs), len(norm_specs), len(self._parameters)
-        self.statistic_names = tuple([f"{s.name}.A" for s in specs] + [f"{s.name}.G" for s in specs]
-                                     + [f"{s.name}.F" for s in norm_specs])
         prefix = policy.name
         self._roles, index = parameter_roles(self._parameters, specs, norm_specs)
         decay_filter = decay_filter or default_decay_filter
@@ -197,61 +194,38 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
             self.momentum_schedule = None
         else:
             self.momentum_schedule = as_unit_schedule(momentum, f"{prefix}.momentum", "momentum")
-        self.factor_decay = float(factor_decay)
         self.apply_momentum = ops.ApplyMomentum(use_nesterov=bool(nesterov))
         self.moments = self._parameters.clone(prefix=f"{prefix}.moments", init="zeros")
 
-        # one block per preconditioned layer; the capture control, the exchange and the refresh rule
-        traces = getattr(policy.refresh, "trace_threshold", None) is not None
-        # the loss scale of each step is measured at one layer with a bias (capture/loss_scale.py); the
-        # Monte-Carlo step captures G in its own backward pass at its own fixed scale
-        reference = reference_layer(specs) if policy.fisher == "empirical" else None
-        self.blocks = nn.CellList([
-            KroneckerBlock(s, prefix, index[s.weight_name], index[s.bias_name] if s.has_bias else -1, mine,
-                           policy.split_dim, loss_scale, traces, policy.damping_split, policy.inverse_method,
-                           policy.jitter, k == reference, policy.stat_fraction, policy.stat_stride)
-            for k, (s, mine) in enumerate(zip(specs, owned))],
-            auto_prefix=False)
-        self.norm_blocks = nn.CellList([
-            UnitBatchNormBlock(s, prefix, index[s.gamma_name], index[s.beta_name], loss_scale) for s in norm_specs],
-            auto_prefix=False)
-        self.norm_stack = UnitBatchNormStack(list(self.norm_blocks)) if norm_specs else None
-        self.counters = LayerCounters(prefix, [s.name for s in specs], [s.name for s in norm_specs])
-        probe = None if reference is None else LossScaleProbe(self.blocks[reference].capture,
-                                                               self.blocks[reference].bias_index, loss_scale, prefix)
-        self.capture_control = CaptureControl([b.capture for b in self.blocks], [b.capture for b in self.norm_blocks],
-                                              probe, prefix)
+        # the blocks, their counters and capture flags, the exchange, the refresh rule and the fault and
+        # refresh counts: the curvature estimator (curvature/estimator.py), which folds and refreshes
+        self.communicator = comm
+        self.parallel_plan = None if comm is None else comm.plan
+        self.curvature = BlockDiagonalCurvature(specs, norm_specs, index, owned, comm, policy, loss_scale,
+                                                factor_decay)
+        # the estimator's state under the optimizer's former attribute names, for host-side reads (plain
+        # attributes: not registered a second time as the optimizer's own Cells and Parameters)
+        for name in _FORMER_NAMES:
+            object.__setattr__(self, name, getattr(self.curvature, name))
+        blocks = self.curvature.blocks
         # gradient accumulation is refused (status.DeviceStatus._accumulated): one layer counts the backward passes
         # between two optimizer steps -- on one device the probe's layer, whose recorded bias gradient
         # tells a pass the training cell discarded (a loss-scale overflow) from one it summed; else (no
         # probe, or distributed) the first layer, the last one a backward pass reaches
         self._pass_layer = None
         if specs:
-            self._pass_layer = reference if reference is not None and comm is None else 0
-            self.blocks[self._pass_layer].capture.count_passes()
-        # the loss scale is measured on every step only for THOR's trace probes, which read it between
-        # folds (on a single device); otherwise in the fold's branch, on the steps whose statistics use it
-        self._probe_every_step = traces and comm is None
-        self.communicator = comm
-        self.parallel_plan = None if comm is None else comm.plan
-        self.exchange = LocalExchange() if comm is None else \
-            DistributedExchange(comm, prefix, [s.channels for s in norm_specs],
-                                0 if probe is None else specs[reference].g_dim)
-        self.refresh_rule = policy.refresh.build(prefix, self.capture_control, self.blocks, self.counters,
-                                                 self.exchange)
-        self.factor_faults = Parameter(Tensor(0, ms.int32), name=f"{prefix}.factor_faults", requires_grad=False)
-        self.inverse_faults = Parameter(Tensor(0, ms.int32), name=f"{prefix}.inverse_faults", requires_grad=False)
+            probe_layer = self.curvature.probe_layer
+            self._pass_layer = probe_layer if probe_layer is not None and comm is None else 0
+            blocks[self._pass_layer].capture.count_passes()
         self.skipped_steps = Parameter(Tensor(0, ms.int32), name=f"{prefix}.skipped_steps", requires_grad=False)
-        self.inverse_refreshes = Parameter(Tensor(0, ms.int32), name=f"{prefix}.inverse_refreshes",
-                                           requires_grad=False)
         self.demoted_unreported = Parameter(Tensor(np.zeros(len(specs), np.bool_)), name=f"{prefix}.demoted_unreported",
                                             requires_grad=False)
         self._guard_name = type(self).__name__
         self._lean = False        # compile-time: set only by NGDTrainOneStepCell for its lean graph
         self._build_guard(prefix, policy.adaptive_damping, divergence_patience, policy.max_damping_boost, 0.9,
                           divergence_growth, host_calls)
-        attach(cells, [b.capture for b in self.blocks])
-        attach(norm_cells, [b.capture for b in self.norm_blocks])
+        attach(cells, [b.capture for b in blocks])
+        attach(norm_cells, [b.capture for b in self.curvature.norm_blocks])
         # the capturing cells, held outside the cell tree (not child cells of the optimizer): their
         # training flags are read when the step is compiled (graph mode) or called (PyNative)
         object.__setattr__(self, "_captured_cells", tuple(zip((s.name for s in specs), cells)))
@@ -281,14 +255,15 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
             state = opt.upgrade_checkpoint(mindspore.load_checkpoint(path))
             mindspore.load_param_into_net(train_step, state)
         """
-        return self._upgrade_guard(self.capture_control.upgrade(self.counters.upgrade(param_dict)))
+        curvature = self.curvature
+        return self._upgrade_guard(curvature.capture_control.upgrade(curvature.counters.upgrade(param_dict)))
 
     def _set_lean(self, lean):
         """Compile-time switch of the lean graph: with ``lean`` the optimizer's step leaves out the fold
         and the network's capture cells their capture branches. Set only around a lean graph's call."""
         lean = bool(lean)
         object.__setattr__(self, "_lean", lean)
-        for block in list(self.blocks) + list(self.norm_blocks):
+        for block in list(self.curvature.blocks) + list(self.curvature.norm_blocks):
             object.__setattr__(block.capture, "bypass", lean)
 
     def _stop_counting_passes(self):
@@ -296,7 +271,7 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         that runs one backward pass per optimizer call by construction (:class:`NGDTrainOneStepCell`).
         Call before the step is compiled."""
         if self._pass_layer is not None:
-            self.blocks[self._pass_layer].capture.counts_passes = False
+            self.curvature.blocks[self._pass_layer].capture.counts_passes = False
             self._pass_layer = None
 
     @property
@@ -314,7 +289,8 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
         if self._layers_not_training:
             raise RuntimeError(not_training_message(type(self).__name__, self._layers_not_training,
                                                     len(self._captured_cells)))
-        if self.policy.fisher == "mc" and self.capture_control.driver is None:
+        curvature = self.curvature
+        if self.policy.fisher == "mc" and curvature.capture_control.driver is None:
             raise RuntimeError("fisher='mc' needs the Monte-Carlo training step: train with "
                                "Model(mindspore_ngd.MCFisherTrainStep(network, loss_fn, optimizer)) "
                                "instead of Model(network, loss_fn, optimizer)")
@@ -333,20 +309,16 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
             damping = ops.maximum(damping, self.policy.damping_floor)
 
         # fold the statistics captured in this step's forward/backward pass (one run-time branch)
-        factors = self._stored_factors()
-        refreshed, changes = self._nothing_refreshed(), -ops.ones((self._change_size(),), ms.float32)
-        probe = self.capture_control.scale_probe
-        scale = ops.zeros((), ms.float32) if probe is None else probe.scale_seen
-        if probe is not None and self._probe_every_step:
-            scale = probe.scale_after(probe.probe(finite), gradients, finite, scale)
+        factors = curvature.stored_factors()
+        refreshed, changes = curvature.nothing_folded()
+        scale = curvature.scale_seen(gradients, finite)
         # an op reads the flags now: a Parameter used after its assign would read the new value
         not_demoted_before = ops.logical_not(factors[FactorState.COUNTS][LayerCounts.DEMOTED])
         if not self._lean:        # the lean graph runs only on steps that capture nothing: no fold
-            if self.capture_control.any():
-                factors, refreshed, changes, scale = self._folded(factors, finite, gradients, scale, damping)
-            self._store_factors(factors)
-        if probe is not None:
-            ops.assign(probe.scale_seen, scale)
+            if curvature.capturing():
+                factors, refreshed, changes, scale = curvature.folded(factors, finite, gradients, scale, damping)
+            curvature.store_factors(factors)
+        curvature.store_scale(scale)
         # layers demoted this step are reported (warning, or error if strict) at the start of the next
         # step: a host call placed after the fold broke the reload of a checkpoint into the compiled
         # graph (measured, MindSpore 2.10); at the start of the step, like _watch's, it does not
@@ -354,14 +326,13 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
                                                             not_demoted_before))
 
         # refresh the inverses the rule says are due
-        due = self.refresh_rule.inverse_due(step, refreshed)
-        layers = self.refresh_rule.inverse_layers(step, refreshed)
+        due, layers = curvature.inverses_due(step, refreshed)
         redamp, inverted_boost = self._reinvert(boost)
         if self.policy.adaptive_damping:                  # the damping moved: refresh every inverse now
             due = ops.logical_or(due, redamp)
             if layers is not None:
-                layers = self._all_layers(layers, redamp)
-        inverses = self._refreshed(factors, damping, layers, due)    # one branch per layer, each written at once
+                layers = curvature.every_layer(layers, redamp)
+        inverses = curvature.refreshed(factors, damping, layers, due)    # one branch per layer, each written at once
         self._inverted_at(due, boost, inverted_boost)
 
         # precondition, gather and rescale; then update every parameter
@@ -371,6 +342,6 @@ class NGDOptimizer(Fold, Refresh, Precondition, Inspection, Update, Guard, nn.Op
 
         # plan the next step: the rule reads statistics written late in the backward pass (THOR's
         # traces) and, distributed, may hold a collective that must follow the gather
-        self.refresh_rule.plan_next(ops.depend(step, success), refreshed, changes)
+        curvature.plan_next(ops.depend(step, success), refreshed, changes)
         ops.assign_add(self.global_step, self.global_step_increase_tensor)
         return success

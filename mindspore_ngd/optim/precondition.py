@@ -20,17 +20,18 @@ class Precondition:
         rank; the gather waits for the fault count of the fold (collective 3 after 2)."""
         own, layer_inverses = (), inverses[InverseState.LAYERS]
         for k in range(self.num_layers):
-            block = self.blocks[k]
+            block = self.curvature.blocks[k]
             if block.owned:
                 own += (block.precondition(layer_inverses[k], block.gradient(gradients)),)
-        matrices = self.exchange.gather(own, factors[FactorState.FAULTS])
+        matrices = self.curvature.exchange.gather(own, factors[FactorState.FAULTS])
         # a demoted layer's update is the plain one: outside the KL budget and never rescaled
         demoted = factors[FactorState.COUNTS][LayerCounts.DEMOTED]
         stacked, norm_grads = None, None
         if self.num_norms:      # every BatchNorm layer's channels at once, cut into layers where needed
-            norm_grads = self.norm_stack.gradients(gradients)
-            stacked = self.norm_stack.precondition(factors[FactorState.NORM_FISHERS], factors[FactorState.NORM_COUNTS],
-                                                   norm_grads, self.policy.batchnorm_damping)
+            norm_grads = self.curvature.norm_stack.gradients(gradients)
+            stacked = self.curvature.norm_stack.precondition(factors[FactorState.NORM_FISHERS],
+                                                             factors[FactorState.NORM_COUNTS], norm_grads,
+                                                             self.policy.batchnorm_damping)
         if self.policy.kl_clip is None:
             return matrices, self._norm_pairs(stacked)
         if self.is_group_lr:
@@ -38,9 +39,9 @@ class Precondition:
         else:
             dots, norm_dots = (), ()
             for k in range(self.num_layers):
-                dots += (ops.reduce_sum(matrices[k] * self.blocks[k].gradient(gradients)),)
+                dots += (ops.reduce_sum(matrices[k] * self.curvature.blocks[k].gradient(gradients)),)
             if self.num_norms:
-                norm_dots = self.norm_stack.dots(stacked, norm_grads)
+                norm_dots = self.curvature.norm_stack.dots(stacked, norm_grads)
             kept = ops.unstack(ops.where(demoted, ops.zeros((self.num_layers,), ms.float32), ops.stack(dots)))
             vg = ops.addn(kept + norm_dots) * lr * lr
         usable = ops.logical_and(vg > 0, ops.isfinite(vg))
@@ -57,7 +58,7 @@ class Precondition:
     def _norm_pairs(self, stacked):
         """A stacked BatchNorm (gamma, beta) pair cut into per-layer pairs; () without BatchNorm layers."""
         if self.num_norms:
-            return self.norm_stack.layer_pairs(stacked)
+            return self.curvature.norm_stack.layer_pairs(stacked)
         return ()
 
     def _group_vg(self, matrices, pairs, norm_grads, gradients, lr):
@@ -66,7 +67,7 @@ class Precondition:
         ``pairs`` and ``norm_grads`` are the BatchNorm layers' preconditioned and plain (gamma, beta)."""
         terms = ()
         for k in range(self.num_layers):
-            block = self.blocks[k]
+            block = self.curvature.blocks[k]
             product = matrices[k] * block.gradient(gradients)
             lr_w = self._lr_of(lr, block.weight_index)
             if block.bias_index >= 0:
@@ -77,7 +78,7 @@ class Precondition:
             else:
                 terms += (ops.reduce_sum(product) * lr_w * lr_w,)
         for j in range(self.num_norms):
-            block = self.norm_blocks[j]
+            block = self.curvature.norm_blocks[j]
             grads = norm_grads[j]
             lr_g, lr_b = self._lr_of(lr, block.gamma_index), self._lr_of(lr, block.beta_index)
             terms += (ops.reduce_sum(pairs[j][0] * grads[0]) * lr_g * lr_g,

@@ -150,15 +150,15 @@ class DeviceStatus:
         layer is finite (an overflow seldom stays finite down to the first layer, which counts when no
         layer has a bias). A step driven by the Monte-Carlo Fisher step, which runs its own backward
         passes, is not checked."""
-        capture = None if self._pass_layer is None else self.blocks[self._pass_layer].capture
-        if capture is None or self.capture_control.driver is not None:
+        capture = None if self._pass_layer is None else self.curvature.blocks[self._pass_layer].capture
+        if capture is None or self.curvature.capture_control.driver is not None:
             return ops.zeros((), ms.bool_), ops.zeros((), ms.float32)
         # a value computed now (a cast: ``* 1`` is folded away, and the counter would be read after its clear)
         passes = ops.cast(ops.depend(capture.passes, token), ms.float32)
         ops.assign(capture.passes, ops.depend(ops.zeros((), ms.int32), passes))
         refused = passes > 1.5
-        probe = self.capture_control.scale_probe
-        if probe is not None and not self.exchange.distributed:
+        probe = self.curvature.capture_control.scale_probe
+        if probe is not None and not self.curvature.exchange.distributed:
             _, last_alone = probe.measure(probe.probe(token), gradients)
             refused = ops.logical_and(refused, ops.logical_not(last_alone))
         return refused, passes

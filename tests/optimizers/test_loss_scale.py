@@ -204,7 +204,7 @@ def test_the_scale_is_measured_on_the_steps_that_use_it(traces):
         opt = ngd.THOR(net, 0.1, 1e-2, frequency=4, split_dim=16, trace_threshold=0.05, verbose=False)
     else:
         opt = ngd.KFAC(net, 0.1, damping=1e-2, factor_update_interval=4, inverse_update_interval=4, verbose=False)
-    assert opt._probe_every_step is traces
+    assert opt.curvature.probe_every_step is traces
     step = ScheduledLossScaleStep(net, opt)
     step.set_train()
     seen = []

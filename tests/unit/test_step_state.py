@@ -52,13 +52,13 @@ def test_stored_state_holds_the_parameters_its_names_say():
 
     opt = ngd.SPNGD(BNNet(), learning_rate=0.1, verbose=False)      # with unit-wise BatchNorm blocks
     assert opt.num_norms > 0
-    factors = opt._stored_factors()
+    factors = opt.curvature.stored_factors()
     assert factors[FactorState.COUNTS][LayerCounts.DEMOTED] is opt.counters.demoted
     assert factors[FactorState.FAULTS] is opt.factor_faults
     assert factors[FactorState.LAYERS][0][0] is opt.blocks[0].a_factor
     assert factors[FactorState.NORM_FISHERS][0] is opt.norm_blocks[0].fisher
     assert factors[FactorState.NORM_COUNTS] is opt.counters.f_updates
-    inverses = opt._stored_inverses()
+    inverses = opt.curvature.stored_inverses()
     assert len(inverses) == 3                                         # single device: no inversion counts
     assert inverses[InverseState.HAS_INVERSE] is opt.counters.has_inverse
     assert inverses[InverseState.FAULTS] is opt.inverse_faults

@@ -1,0 +1,352 @@
+"""The curvature estimator: every preconditioned layer's curvature block and the state around them,
+kept apart from the optimizer that uses their inverses.
+
+:class:`BlockDiagonalCurvature` owns
+- the blocks (:class:`~mindspore_ngd.curvature.kronecker.KroneckerBlock` per Dense/Conv2d layer,
+  :class:`~mindspore_ngd.curvature.unitwise.UnitBatchNormBlock` per unit-wise BatchNorm layer);
+- their counters (:class:`~mindspore_ngd.curvature.counters.LayerCounters`) and capture flags
+  (:class:`~mindspore_ngd.capture.CaptureControl`, with the loss-scale probe);
+- the exchange of their statistics between ranks (:mod:`mindspore_ngd.parallel.exchange`);
+- the refresh rule (:mod:`mindspore_ngd.schedule.rules`);
+- the fault and refresh counts;
+
+and runs steps 2 and 3 of :class:`~mindspore_ngd.optim.engine.NGDOptimizer`'s step on them, in this
+order each step::
+
+    factors = curvature.stored_factors()
+    factors, refreshed, changes, scale = curvature.folded(factors, finite, gradients, scale, damping)
+    curvature.store_factors(factors)
+    due, layers = curvature.inverses_due(step, refreshed)
+    inverses = curvature.refreshed(factors, damping, layers, due)
+    ...
+    curvature.plan_next(step, refreshed, changes)
+
+The optimizer keeps the parameters, the moments, the learning rate, the update and the damping
+controller. The step state travels as the tuples :mod:`mindspore_ngd.curvature.state` names.
+
+Every Parameter keeps the name it had when the optimizer held it (``{prefix}.factor_faults``,
+``{prefix}.{layer}.A`` ...): the estimator and its children are built with ``auto_prefix=False`` and
+the optimizer (an ``nn.Optimizer``) adds no prefix to its own children, so checkpoints load unchanged.
+
+The fold: the batch statistics are read after the gradients, reduced to their owners when
+distributed, unscaled by the measured loss scale, and folded by each owned block (non-finite batches
+rejected and counted). A layer whose capture never ran is marked demoted here. The refresh: every
+owned layer that is due is re-inverted by its block, each in a run-time branch of its own (with a
+per-layer rule, SP-NGD's, only the layers that are ready), and its new inverses are written back in
+the main graph as soon as that branch returns; a layer keeps its last good inverses when a check
+fails. New state is always written back in the main graph (:meth:`store_factors`,
+:meth:`refreshed`): MindSpore 2.10 disconnects a Parameter assigned inside a run-time branch from its
+host value.
+"""
+import mindspore as ms
+from mindspore import nn, ops, Parameter, Tensor
+
+from ..capture import CaptureControl
+from ..capture.loss_scale import LossScaleProbe, reference_layer
+from ..parallel.exchange import DistributedExchange, LocalExchange
+from .counters import LayerCounters
+from .kronecker import KroneckerBlock
+from .state import FactorState, FoldOutcome, LayerCounts, factor_state, fold_outcome, inverse_state
+from .unitwise import UnitBatchNormBlock, UnitBatchNormStack
+
+__all__ = ["BlockDiagonalCurvature"]
+
+
+class BlockDiagonalCurvature(nn.Cell):
+    """The block-diagonal curvature of the preconditioned layers (see the module docstring).
+
+    Args:
+        specs (sequence of LayerSpec): the preconditioned Dense/Conv2d layers, in layer order.
+        norm_specs (sequence of NormSpec): the unit-wise BatchNorm layers (may be empty).
+        index (dict): parameter name -> position in the optimizer's parameters.
+        owned (sequence of bool): per layer, whether this rank owns it (folds, inverts, preconditions).
+        comm: the resolved :class:`~mindspore_ngd.parallel.comm.ParallelOps`, or None on one device.
+        policy (Policy): the optimizer's policy (refresh rule, inversion, damping split, Fisher ...).
+        loss_scale (float): the fixed loss scale.
+        factor_decay (float): moving-average decay of the factors.
+    """
+
+    def __init__(self, specs, norm_specs, index, owned, comm, policy, loss_scale, factor_decay):
+        super().__init__(auto_prefix=False)
+        prefix = policy.name
+        self.num_layers, self.num_norms = len(specs), len(norm_specs)
+        self.statistic_names = tuple([f"{s.name}.A" for s in specs] + [f"{s.name}.G" for s in specs]
+                                     + [f"{s.name}.F" for s in norm_specs])
+        self.factor_decay = float(factor_decay)
+        self.track_changes = policy.refresh.track_changes
+        # SP-NGD's changes measured against the damped statistics (StaleIntervals.measure)
+        self.damped_changes = bool(getattr(policy.refresh, "damped_changes", False))
+        self.batchnorm_damping = policy.batchnorm_damping
+        traces = getattr(policy.refresh, "trace_threshold", None) is not None
+        # the loss scale of each step is measured at one layer with a bias (capture/loss_scale.py); the
+        # Monte-Carlo step captures G in its own backward pass at its own fixed scale
+        reference = reference_layer(specs) if policy.fisher == "empirical" else None
+        self.probe_layer = reference
+        self.blocks = nn.CellList([
+            KroneckerBlock(s, prefix, index[s.weight_name], index[s.bias_name] if s.has_bias else -1, mine,
+                           policy.split_dim, loss_scale, traces, policy.damping_split, policy.inverse_method,
+                           policy.jitter, k == reference, policy.stat_fraction, policy.stat_stride)
+            for k, (s, mine) in enumerate(zip(specs, owned))],
+            auto_prefix=False)
+        self.norm_blocks = nn.CellList([
+            UnitBatchNormBlock(s, prefix, index[s.gamma_name], index[s.beta_name], loss_scale) for s in norm_specs],
+            auto_prefix=False)
+        self.norm_stack = UnitBatchNormStack(list(self.norm_blocks)) if norm_specs else None
+        self.counters = LayerCounters(prefix, [s.name for s in specs], [s.name for s in norm_specs])
+        probe = None if reference is None else LossScaleProbe(self.blocks[reference].capture,
+                                                               self.blocks[reference].bias_index, loss_scale, prefix)
+        self.capture_control = CaptureControl([b.capture for b in self.blocks], [b.capture for b in self.norm_blocks],
+                                              probe, prefix)
+        # the loss scale is measured on every step only for THOR's trace probes, which read it between
+        # folds (on a single device); otherwise in the fold's branch, on the steps whose statistics use it
+        self.probe_every_step = traces and comm is None
+        self.exchange = LocalExchange() if comm is None else \
+            DistributedExchange(comm, prefix, [s.channels for s in norm_specs],
+                                0 if probe is None else specs[reference].g_dim)
+        self.refresh_rule = policy.refresh.build(prefix, self.capture_control, self.blocks, self.counters,
+                                                 self.exchange)
+        self.factor_faults = Parameter(Tensor(0, ms.int32), name=f"{prefix}.factor_faults", requires_grad=False)
+        self.inverse_faults = Parameter(Tensor(0, ms.int32), name=f"{prefix}.inverse_faults", requires_grad=False)
+        self.inverse_refreshes = Parameter(Tensor(0, ms.int32), name=f"{prefix}.inverse_refreshes",
+                                           requires_grad=False)
+
+    # ------------------------------------------------------------------ the capture
+    def capturing(self):
+        """Whether this step captured any statistic (a bool scalar: the fold's branch is taken)."""
+        return self.capture_control.any()
+
+    def scale_seen(self, gradients, finite):
+        """The loss scale as known before the fold: measured now when it is measured every step (THOR's
+        trace probes), else the last one measured; zero without a probe."""
+        probe = self.capture_control.scale_probe
+        scale = ops.zeros((), ms.float32) if probe is None else probe.scale_seen
+        if probe is not None and self.probe_every_step:
+            scale = probe.scale_after(probe.probe(finite), gradients, finite, scale)
+        return scale
+
+    def store_scale(self, scale):
+        """Write the loss scale seen this step (in the main graph, also in the lean graph)."""
+        probe = self.capture_control.scale_probe
+        if probe is not None:
+            ops.assign(probe.scale_seen, scale)
+
+    # ------------------------------------------------------------------ the fold
+    def nothing_folded(self):
+        """(per-layer flags 'refreshed', relative changes) of a step that folds nothing: all False, -1."""
+        flags = ()
+        for _ in range(self.num_layers):
+            flags += (ops.zeros((), ms.bool_),)
+        return flags, -ops.ones((len(self.statistic_names) if self.track_changes else 1,), ms.float32)
+
+    def stored_factors(self):
+        """The factor state as stored (:class:`~mindspore_ngd.curvature.state.FactorState`): per layer
+        (A, G), the counts and demoted flags, the factor fault count[, per BatchNorm layer F, F counts]."""
+        layers, norms = (), ()
+        for block in self.blocks:
+            layers += (block.factors(),)
+        if not self.num_norms:
+            return factor_state(layers, self.counters.factor_counts(), self.factor_faults)
+        for block in self.norm_blocks:
+            norms += (block.factors(),)
+        return factor_state(layers, self.counters.factor_counts(), self.factor_faults, norms, self.counters.f_updates)
+
+    def folded(self, state, finite, gradients, scale, damping):
+        """(new factor state, per-layer flag 'A or G of this layer was taken', relative changes, loss
+        scale seen). ``damping`` is this step's; a rule that measures changes against the damped
+        statistics (SP-NGD's default) gets them so.
+
+        A step with a non-finite gradient (a loss-scale overflow, or divergence) folds nothing and is
+        no fault of the curvature: it is counted once, as a skipped step. G and the unit-wise Fishers
+        are unscaled by the loss scale measured in this step (:mod:`mindspore_ngd.capture.loss_scale`),
+        or the last one measured when this step's cannot be.
+
+        A layer whose captured statistic still holds the UNSEEN mark is demoted (see
+        :class:`~mindspore_ngd.curvature.kronecker.KroneckerBlock`): it is judged on this rank's own
+        buffers, before any reduction, so every rank decides alike (the capture runs the same graph on
+        every rank) without a collective."""
+        token = finite
+        a_batches, g_batches, f_batches, unseen = (), (), (), ()
+        for k in range(self.num_layers):
+            a_batch, g_batch = self.blocks[k].batch(token)
+            take_a, take_g = self.capture_control.layer_flags(k)
+            unseen += (self.blocks[k].unseen(a_batch, g_batch, take_a, take_g),)
+            a_batches += (a_batch,)
+            g_batches += (g_batch,)
+        for block in self.norm_blocks:
+            f_batches += (block.batch(token),)
+        probe = self.capture_control.scale_probe
+        distributed = self.exchange.distributed
+        extra = probe.probe(token) if probe is not None and distributed else None
+        a_batches, g_batches, f_batches, token, extra = self.exchange.reduce_statistics(
+            a_batches, g_batches, f_batches, token, extra)
+        if probe is not None:
+            if distributed:          # the ranks' mean probe against the ranks' mean gradient
+                scale = probe.scale_after(extra, gradients, finite, scale)
+            elif not self.probe_every_step:
+                scale = probe.scale_after(probe.probe(token), gradients, finite, scale)
+            correction = probe.correction(scale)
+            unscaled, unscaled_f = (), ()
+            for g_batch in g_batches:
+                unscaled += (g_batch * correction,)
+            for f_batch in f_batches:
+                unscaled_f += (f_batch * correction,)
+            g_batches, f_batches = unscaled, unscaled_f
+        track = self.track_changes
+        # what the changes are measured against (StaleIntervals.measure): the damped statistics, or None
+        fold_damping = damping if self.damped_changes else None
+        norm_damping = self.batchnorm_damping if self.damped_changes else None
+        zero = ops.zeros((), ms.float32)
+        stored_counts = state[FactorState.COUNTS]
+        a_counts, g_counts = stored_counts[LayerCounts.A_UPDATES], stored_counts[LayerCounts.G_UPDATES]
+        was_demoted = stored_counts[LayerCounts.DEMOTED]
+        demoted = ops.logical_or(was_demoted, ops.stack(unseen))
+        demoted_each, a_each, g_each = ops.unstack(demoted), ops.unstack(a_counts), ops.unstack(g_counts)
+        # an owner's fold that took nothing: nothing taken or rejected, no change (-1, as block.fold
+        # reports it); a rank that does not own the layer contributes zeros to the agreement
+        unchanged = -ops.ones((), ms.float32)
+        idle = fold_outcome(zero, zero, zero, zero, (unchanged, unchanged) if track else None)
+        absent = fold_outcome(zero, zero, zero, zero, (zero, zero) if track else None)
+        stored = state[FactorState.LAYERS]
+        folded, outcomes = (), ()
+        for k in range(self.num_layers):
+            block = self.blocks[k]
+            a, g = stored[k]
+            outcome = absent
+            if block.owned:
+                outcome = idle
+                take_a, take_g = self.capture_control.layer_flags(k)
+                keep = ops.logical_and(ops.logical_not(demoted_each[k]), finite)
+                take_a, take_g = ops.logical_and(take_a, keep), ops.logical_and(take_g, keep)
+                if self.refresh_rule.per_layer:
+                    # per-statistic intervals: most steps fold a few layers, so each layer's fold is a
+                    # run-time branch of its own (nested in the fold's; like the per-layer inversions)
+                    if ops.logical_or(take_a, take_g):
+                        a, g, outcome = block.fold(stored[k], (a_each[k], g_each[k]), a_batches[k],
+                                                   g_batches[k], take_a, take_g, self.factor_decay, track,
+                                                   fold_damping)
+                else:
+                    a, g, outcome = block.fold(stored[k], (a_each[k], g_each[k]), a_batches[k], g_batches[k],
+                                               take_a, take_g, self.factor_decay, track, fold_damping)
+            folded += ((a, g),)
+            outcomes += (outcome,)
+        # what each statistic's fold did, made identical on every rank (distributed: the owners' outcome)
+        outcomes = self.exchange.agree(outcomes, token)
+        refreshed, took_a, took_g, rejected, a_changes, g_changes = (), (), (), (), (), ()
+        for k in range(self.num_layers):
+            outcome = outcomes[k]
+            took_a += (outcome[FoldOutcome.TOOK_A],)
+            took_g += (outcome[FoldOutcome.TOOK_G],)
+            rejected += (outcome[FoldOutcome.REJECTED_A] + outcome[FoldOutcome.REJECTED_G],)
+            refreshed += (ops.logical_or(outcome[FoldOutcome.TOOK_A] > 0.5, outcome[FoldOutcome.TOOK_G] > 0.5),)
+            if track:
+                a_changes += (outcome[FoldOutcome.CHANGE_A],)
+                g_changes += (outcome[FoldOutcome.CHANGE_G],)
+        counts = (a_counts + ops.cast(ops.stack(took_a) > 0.5, ms.int32),      # in LayerCounts' order
+                  g_counts + ops.cast(ops.stack(took_g) > 0.5, ms.int32), demoted)
+        faults = state[FactorState.FAULTS] + ops.cast(ops.reduce_sum(ops.stack(rejected)) + 0.5, ms.int32)
+        changes = ops.stack(a_changes + g_changes) if track else -ops.ones((1,), ms.float32)
+        if not self.num_norms:
+            return factor_state(folded, counts, faults), refreshed, changes, scale
+        norms, norm_counts, norm_changes = (), (), ()
+        fishers, f_each = state[FactorState.NORM_FISHERS], ops.unstack(state[FactorState.NORM_COUNTS])
+        for j in range(self.num_norms):
+            fisher, count, bad, change = self.norm_blocks[j].fold(
+                fishers[j], f_each[j], f_batches[j], ops.logical_and(self.capture_control.norm_flag(j), finite),
+                self.factor_decay, track, norm_damping)
+            norms += (fisher,)
+            norm_counts += (count,)
+            norm_changes += (change,)
+            faults = faults + bad
+        if track:
+            changes = ops.concat((changes, ops.stack(norm_changes)))
+        return factor_state(folded, counts, faults, norms, ops.stack(norm_counts)), refreshed, changes, scale
+
+    def store_factors(self, state):
+        """Write the factor state (:meth:`folded`'s) to the Parameters, in the main graph."""
+        layers = state[FactorState.LAYERS]
+        for k in range(self.num_layers):
+            self.blocks[k].write_factors(layers[k])
+        self.counters.write_factor_counts(state[FactorState.COUNTS])
+        ops.assign(self.factor_faults, state[FactorState.FAULTS])
+        if self.num_norms:
+            fishers = state[FactorState.NORM_FISHERS]
+            for j in range(self.num_norms):
+                self.norm_blocks[j].write_factors(fishers[j])
+            self.counters.write_norm_counts(state[FactorState.NORM_COUNTS])
+
+    # ------------------------------------------------------------------ the refresh
+    def inverses_due(self, step, refreshed):
+        """(whether the refresh rule has inverses due this step, which layers: a per-layer flag tuple,
+        or None when every owned layer is)."""
+        return self.refresh_rule.inverse_due(step, refreshed), self.refresh_rule.inverse_layers(step, refreshed)
+
+    @staticmethod
+    def every_layer(layers, every):
+        """``layers`` (a per-layer flag tuple) with every flag set where ``every`` is."""
+        out = ()
+        for flag in layers:
+            out += (ops.logical_or(flag, every),)
+        return out
+
+    def stored_inverses(self):
+        """The inverse state as stored (:class:`~mindspore_ngd.curvature.state.InverseState`): per layer
+        (A inverse, G inverse), the has-inverse flags, the inverse fault count[, when distributed, the
+        per-layer inversion counts of this step, zero]."""
+        layers = ()
+        for block in self.blocks:
+            layers += (block.inverses(),)
+        inversions = ops.zeros((self.num_layers,), ms.int32) if self.exchange.distributed else None
+        return inverse_state(layers, self.counters.has_inverse, self.inverse_faults, inversions)
+
+    def refreshed(self, factors, damping, layers, due):
+        """Re-invert every owned layer that is due and ready (and selected by ``layers``), write each
+        layer's inverses back at once, and return the inverse state as stored after the writes
+        (:meth:`stored_inverses`).
+
+        Each owned layer's inversion is a run-time branch of its own (taken when ``due``; with a
+        per-layer rule also only when that layer is ready), and its result is written to the layer's
+        Parameters in the main graph before the next layer's branch starts. A branch's outputs stay
+        live until the main graph consumes them, so writing each layer as soon as it is inverted holds
+        one layer's new inverses at a time instead of every layer's (measured on eight 2048 x 2048
+        inversions: 0.8 against 1.6 copies per layer at the peak). The writes stay in the main graph:
+        MindSpore 2.10 disconnects a Parameter assigned inside a run-time branch from its host value.
+        A layer that is not refreshed has its stored inverses written back unchanged, as before."""
+        ready = LayerCounters.ready(factors[FactorState.COUNTS])
+        if layers is not None:
+            ready = ops.logical_and(ready, ops.stack(layers))
+        ready, trusted = ops.unstack(ready), ops.unstack(self.counters.has_inverse)
+        faults, taken, counts = self.inverse_faults, (), ()
+        after = None
+        stored_factors = factors[FactorState.LAYERS]
+        for k in range(self.num_layers):
+            block = self.blocks[k]
+            take, inverted = ops.zeros((), ms.bool_), ops.zeros((), ms.int32)
+            if block.owned:
+                a_factor, g_factor = stored_factors[k]
+                if after is not None:          # one layer's inversion at a time, after the last write
+                    a_factor, g_factor = ops.depend(a_factor, after), ops.depend(g_factor, after)
+                go = ops.logical_and(due, ready[k]) if self.refresh_rule.per_layer else due
+                a_inv, g_inv = block.inverses()
+                fault = ops.zeros((), ms.int32)
+                if go:
+                    a_inv, g_inv, take, fault = block.refreshed((a_factor, g_factor), ready[k], damping,
+                                                                (a_inv, g_inv), trusted[k])
+                inverted = ops.cast(go, ms.int32)
+                faults = faults + fault
+                after = block.write_inverses((a_inv, g_inv))
+            taken += (take,)
+            counts += (inverted,)
+        has = ops.logical_or(self.counters.has_inverse, ops.stack(taken))
+        faults = ops.depend(faults, after)
+        self.counters.write_has_inverse(has)
+        ops.assign(self.inverse_faults, faults)
+        ops.assign_add(self.inverse_refreshes, ops.cast(due, ms.int32))
+        if self.exchange.distributed:
+            self.exchange.count_inversions(ops.stack(counts))
+        return self.stored_inverses()
+
+    def plan_next(self, step, refreshed, changes):
+        """The refresh rule's plan of the next step: its state and the next step's capture flags. Call
+        after the update (``step`` depending on it): the rule reads statistics written late in the
+        backward pass (THOR's traces) and, distributed, may hold a collective that must follow the gather."""
+        self.refresh_rule.plan_next(step, refreshed, changes)
