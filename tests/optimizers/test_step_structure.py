@@ -45,8 +45,9 @@ def test_the_step_copies_no_parameter(name):
     # backward hook, two copies per BatchNorm layer; SP-NGD's per-layer fold branches, nested in
     # the fold's branch, copy the layer's factor state: four per layer (counted; they run only on a
     # step that folds, and the step without a refresh measured the same with and without them); and
-    # every layer's inversion branch (BlockDiagonalCurvature.refreshed, one per layer since the memory work of issue
-    # 33) copies the layer's A and G it reads: two per layer, run only on a step that inverts that layer
+    # every layer's inversion branch (BlockDiagonalCurvature.refreshed, one per layer since the memory
+    # work of issue 33) copies the layer's A and G it reads: two per layer, run only on a step that
+    # inverts that layer
     expected = 2 * len(opt.norm_specs) + 2 * len(opt.layer_specs) + (4 * len(opt.layer_specs) if name == "spngd" else 0)
     assert len(_sources(prims, "TensorMove")) == expected, f"{name}: {_sources(prims, 'TensorMove')}"
 
