@@ -58,8 +58,12 @@ def permuted(x, axes):
     ``swapaxes``, ``ops.t``) holds about 2.5 copies of its tensor from compile time for the process's
     life; ``mint.permute`` gives the same values and holds nothing (measured on eight 2048 x 2048
     float32 matrices: 299 MB against 1 MB of compile growth, 2026-11-27; values bit-identical,
-    tests/numerics/test_graph_idioms.py)."""
-    return mint.permute(x, axes)
+    tests/unit/test_graph_idioms.py).
+
+    The same-shape ``Reshape`` first is not a copy: MindSpore 2.10 fails to compile ``mint.permute``
+    applied directly to an element of a tuple that is a graph input ("Illegal AnfNode for evaluating",
+    measured), as the optimizer's gradients are when it is called alone in graph mode."""
+    return mint.permute(_RESHAPE(x, x.shape), axes)
 
 
 def transposed(x):
