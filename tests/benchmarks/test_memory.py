@@ -9,12 +9,14 @@ measures the growth between 2 and 4 Dense layers of width 1024 (each layer adds 
 Momentum's own growth (weights, gradients, moments) taken off, in fresh processes
 (:mod:`benchmarks.memory`, whose first step captures and inverts). Measured on 2026-11-26: 12.8 MB per
 MB of factors; on 2026-11-27, with the factor-sized quotients on ``RealDiv`` (``_graph.divide``) and the
-layers inverted one after another: 10.7. The stored state alone (factors, inverses, the capture's batch
-buffers) is 3.
+layers inverted one after another: 10.7; later that day, with the transposes on ``mint.permute`` and each
+layer's inverses written as soon as they are computed: 9.3. The stored state alone (factors, inverses, the
+capture's batch buffers) is 3, and what MindSpore's compiler keeps of the graph (about 28 MB per layer,
+whatever its size) about 3.5.
 """
 from benchmarks import memory
 
-# the bound: today's growth (10.7) with room for the resident set's noise (a few MB on 16 MB of factors),
+# the bound: the growth before the transposes moved to mint.permute (10.7) with room for the resident set's noise (a few MB on 16 MB of factors),
 # below the 12.8 measured while the capture's and inversions' quotients used Div, far below the unguarded
 # kernels (47)
 GROWTH_BOUND = 12.0
