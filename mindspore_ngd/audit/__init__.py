@@ -52,10 +52,11 @@ from mindspore import nn, Tensor
 
 from .docs import (COMPILER_INSERTED, DEVICES, EMITTED_BY, GRAPH_NODES, HOST_NODES, Documentation, doc_reference,
                    documentation, is_host_node, supported_platforms)
-from .ir import compiled_primitives, ir_primitives, read_ir_primitives
+from .ir import compiled_primitives, ir_copies, ir_primitives, read_ir_copies, read_ir_primitives
 
 __all__ = ["DEVICES", "GRAPH_NODES", "COMPILER_INSERTED", "EMITTED_BY", "HOST_NODES", "OPTIMIZERS", "Documentation",
            "AuditReport", "is_host_node", "supported_platforms", "doc_reference", "ir_primitives", "read_ir_primitives",
+           "ir_copies", "read_ir_copies",
            "compiled_primitives", "documentation", "audit_primitives", "AuditNet", "audit_inputs",
            "build_train_step", "device_host_calls", "audit_optimizer", "collectives_for", "audit_collectives", "main"]
 

@@ -13,13 +13,16 @@ import tempfile
 import mindspore as ms
 from mindspore import nn
 
-__all__ = ["read_ir_primitives", "ir_primitives", "compiled_primitives"]
+__all__ = ["read_ir_primitives", "ir_primitives", "compiled_primitives", "read_ir_copies", "ir_copies"]
 
 # ------------------------------------------------------------------ IR
 _NODE = re.compile(r"^\s+%\d+\(.*?\) = (.+)$")
 _CALL = re.compile(r"^(?:%[\w.]+|@|call\s|Parameter_\d+\[)")
 _PRIM = re.compile(r"^([A-Za-z_][\w]*)[(\[]")
 _FILE = re.compile(r"#\s*In file (\S+?):(\d+)")
+_NUMBERED = re.compile(r"^\s+(%\d+)\(.*?\) = (.+)$")
+_MOVE = re.compile(r"^(?:PrimFunc_)?TensorMove\((%\d+)")
+_LOAD = re.compile(r"^Load\(%para\d+_([^,\s)]+)")
 _MINDSPORE_DIR = os.path.dirname(os.path.abspath(ms.__file__)) + os.sep
 
 
@@ -50,6 +53,35 @@ inside it). Raises ValueError on a node line it cannot classify."""
             if where and not (current[-1] != "?" and where.group(1).startswith(_MINDSPORE_DIR)):
                 current[-1] = f"{where.group(1)}:{where.group(2)}"
     return dict(out)
+
+
+def read_ir_copies(text):
+    """The Parameters an IR dump copies: for every ``TensorMove`` node whose input is the ``Load`` of a
+    Parameter, that Parameter's name ("?" when the input is not a Load), in graph order. MindSpore
+    inserts such a copy where a Parameter's loaded value must outlive a later write of it."""
+    copies, nodes = [], {}
+    for line in text.splitlines():
+        if line.startswith("subgraph @"):
+            nodes = {}                      # node numbers restart in every graph
+            continue
+        node = _NUMBERED.match(line)
+        if not node:
+            continue
+        nodes[node.group(1)] = node.group(2)
+        move = _MOVE.match(node.group(2))
+        if move:
+            load = _LOAD.match(nodes.get(move.group(1), ""))
+            copies.append(load.group(1) if load else "?")
+    return copies
+
+
+def ir_copies(path):
+    """:func:`read_ir_copies` over every final front-end graph (``*validate*.ir``) in ``path``."""
+    copies = []
+    for name in sorted(glob.glob(os.path.join(path, "**", "*validate*.ir"), recursive=True)):
+        with open(name, encoding="utf-8", errors="replace") as handle:
+            copies.extend(read_ir_copies(handle.read()))
+    return copies
 
 
 def ir_primitives(path):
