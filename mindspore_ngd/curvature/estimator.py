@@ -14,8 +14,7 @@ and runs steps 2 and 3 of :class:`~mindspore_ngd.optim.engine.NGDOptimizer`'s st
 order each step::
 
     factors = curvature.stored_factors()
-    factors, refreshed, changes, scale = curvature.folded(factors, finite, gradients, scale, damping)
-    curvature.store_factors(factors)
+    factors, refreshed, changes, scale = curvature.folded_and_stored(factors, finite, gradients, scale, damping)
     due, layers = curvature.inverses_due(step, refreshed)
     inverses = curvature.refreshed(factors, damping, layers, due)
     ...
@@ -30,7 +29,9 @@ the optimizer (an ``nn.Optimizer``) adds no prefix to its own children, so check
 
 The fold: the batch statistics are read after the gradients, reduced to their owners when
 distributed, unscaled by the measured loss scale, and folded by each owned block (non-finite batches
-rejected and counted). A layer whose capture never ran is marked demoted here. The refresh: every
+rejected and counted). A layer whose capture never ran is marked demoted here. On one device each
+layer's fold is a run-time branch of its own, written back as soon as it returns (one layer's new
+factors live at a time); distributed, the fold is one branch around the collectives. The refresh: every
 owned layer that is due is re-inverted by its block, each in a run-time branch of its own (with a
 per-layer rule, SP-NGD's, only the layers that are ready), and its new inverses are written back in
 the main graph as soon as that branch returns; a layer keeps its last good inverses when a check
@@ -50,6 +51,21 @@ from .state import FactorState, FoldOutcome, LayerCounts, factor_state, fold_out
 from .unitwise import UnitBatchNormBlock, UnitBatchNormStack
 
 __all__ = ["BlockDiagonalCurvature"]
+
+
+def _outcome_fields(outcomes, track):
+    """Per-layer fields of the fold outcomes: (took A, took G, rejected, refreshed, A changes,
+    G changes), each a tuple over the layers (the changes empty unless ``track``)."""
+    refreshed, took_a, took_g, rejected, a_changes, g_changes = (), (), (), (), (), ()
+    for outcome in outcomes:
+        took_a += (outcome[FoldOutcome.TOOK_A],)
+        took_g += (outcome[FoldOutcome.TOOK_G],)
+        rejected += (outcome[FoldOutcome.REJECTED_A] + outcome[FoldOutcome.REJECTED_G],)
+        refreshed += (ops.logical_or(outcome[FoldOutcome.TOOK_A] > 0.5, outcome[FoldOutcome.TOOK_G] > 0.5),)
+        if track:
+            a_changes += (outcome[FoldOutcome.CHANGE_A],)
+            g_changes += (outcome[FoldOutcome.CHANGE_G],)
+    return took_a, took_g, rejected, refreshed, a_changes, g_changes
 
 
 class BlockDiagonalCurvature(nn.Cell):
@@ -231,16 +247,7 @@ class BlockDiagonalCurvature(nn.Cell):
             outcomes += (outcome,)
         # what each statistic's fold did, made identical on every rank (distributed: the owners' outcome)
         outcomes = self.exchange.agree(outcomes, token)
-        refreshed, took_a, took_g, rejected, a_changes, g_changes = (), (), (), (), (), ()
-        for k in range(self.num_layers):
-            outcome = outcomes[k]
-            took_a += (outcome[FoldOutcome.TOOK_A],)
-            took_g += (outcome[FoldOutcome.TOOK_G],)
-            rejected += (outcome[FoldOutcome.REJECTED_A] + outcome[FoldOutcome.REJECTED_G],)
-            refreshed += (ops.logical_or(outcome[FoldOutcome.TOOK_A] > 0.5, outcome[FoldOutcome.TOOK_G] > 0.5),)
-            if track:
-                a_changes += (outcome[FoldOutcome.CHANGE_A],)
-                g_changes += (outcome[FoldOutcome.CHANGE_G],)
+        took_a, took_g, rejected, refreshed, a_changes, g_changes = _outcome_fields(outcomes, track)
         counts = (a_counts + ops.cast(ops.stack(took_a) > 0.5, ms.int32),      # in LayerCounts' order
                   g_counts + ops.cast(ops.stack(took_g) > 0.5, ms.int32), demoted)
         faults = state[FactorState.FAULTS] + ops.cast(ops.reduce_sum(ops.stack(rejected)) + 0.5, ms.int32)
@@ -260,6 +267,146 @@ class BlockDiagonalCurvature(nn.Cell):
         if track:
             changes = ops.concat((changes, ops.stack(norm_changes)))
         return factor_state(folded, counts, faults, norms, ops.stack(norm_counts)), refreshed, changes, scale
+
+    def folded_and_stored(self, state, finite, gradients, scale, damping):
+        """Fold this step's captured statistics into ``state`` (:meth:`stored_factors`) and write the
+        result to the Parameters. Returns (the factor state as stored after the writes, per-layer flags
+        'refreshed', relative changes, loss scale seen), as :meth:`folded` does.
+
+        Distributed, the fold is one run-time branch, taken on capture steps (its collectives reduce
+        every statistic at once), and its result is written after it. On one device each layer's fold
+        is a run-time branch of its own, taken when the layer captured a statistic, and its new A and G
+        are written as soon as it returns, before the next layer's branch starts, as :meth:`refreshed`
+        does with the inverses: a branch's outputs stay live until the main graph consumes them, so the
+        fold holds one layer's new factors (and its unscaled G) at a time instead of every layer's.
+        The arithmetic is the same as :meth:`folded`'s, layer by layer, and so are the results."""
+        if self.exchange.distributed:
+            refreshed, changes = self.nothing_folded()
+            if self.capturing():
+                state, refreshed, changes, scale = self.folded(state, finite, gradients, scale, damping)
+            self.store_factors(state)
+            return self.stored_factors(), refreshed, changes, scale
+        # Every Parameter is read once in the main graph (MindSpore 2.10 copies a Parameter read twice
+        # in one graph, TensorMove): ``capturing`` once, the counts through ``state``; the capture flags
+        # and batch buffers only inside the branches.
+        token = finite
+        # the capture flag as a computed value: the Load itself, the condition of every layer's branch,
+        # was copied once per branch (TensorMove)
+        capturing = ops.logical_or(self.capturing(), ops.zeros((), ms.bool_))
+        if self.capture_control.scale_probe is not None and not self.probe_every_step:
+            scale = self._scale_when(capturing, token, gradients, finite, scale)
+        track = self.track_changes
+        fold_damping = damping if self.damped_changes else None
+        stored_counts = state[FactorState.COUNTS]
+        a_counts, g_counts = stored_counts[LayerCounts.A_UPDATES], stored_counts[LayerCounts.G_UPDATES]
+        was_demoted = stored_counts[LayerCounts.DEMOTED]
+        was_each, a_each, g_each = ops.unstack(was_demoted), ops.unstack(a_counts), ops.unstack(g_counts)
+        zero = ops.zeros((), ms.float32)
+        unchanged = -ops.ones((), ms.float32)
+        idle = fold_outcome(zero, zero, zero, zero, (unchanged, unchanged) if track else None)
+        stored = state[FactorState.LAYERS]
+        outcomes, unseen, layers = (), (), ()
+        after = None
+        for k in range(self.num_layers):
+            block = self.blocks[k]
+            a, g = stored[k]
+            if after is not None:          # one layer's fold at a time, after the last write
+                a, g = ops.depend(a, after), ops.depend(g, after)
+            outcome, unseen_here = idle, ops.zeros((), ms.bool_)
+            if capturing:
+                a, g, outcome, unseen_here = self._fold_layer(k, (a, g), (a_each[k], g_each[k]), was_each[k], token,
+                                                              scale, track, fold_damping)
+            after = block.write_factors((a, g))
+            outcomes += (outcome,)
+            unseen += (unseen_here,)
+        for k in range(self.num_layers):        # read back after the writes: the fold's outputs are released
+            layers += (self.blocks[k].factors(),)
+        took_a, took_g, rejected, refreshed, a_changes, g_changes = _outcome_fields(outcomes, track)
+        demoted = ops.logical_or(was_demoted, ops.stack(unseen))
+        counts = (a_counts + ops.cast(ops.stack(took_a) > 0.5, ms.int32),      # in LayerCounts' order
+                  g_counts + ops.cast(ops.stack(took_g) > 0.5, ms.int32), demoted)
+        faults = state[FactorState.FAULTS] + ops.cast(ops.reduce_sum(ops.stack(rejected)) + 0.5, ms.int32)
+        changes = ops.stack(a_changes + g_changes) if track else -ops.ones((1,), ms.float32)
+        self.counters.write_factor_counts(counts)
+        if not self.num_norms:
+            ops.assign(self.factor_faults, faults)
+            return factor_state(layers, counts, faults), refreshed, changes, scale
+        norms, norm_counts, norm_faults, norm_changes = self._norms_when(capturing, state, finite, token, scale, track)
+        for j in range(self.num_norms):
+            self.norm_blocks[j].write_factors(norms[j])
+        self.counters.write_norm_counts(norm_counts)
+        faults = faults + norm_faults
+        if track:
+            changes = ops.concat((changes, norm_changes))
+        ops.assign(self.factor_faults, faults)
+        return factor_state(layers, counts, faults, norms, norm_counts), refreshed, changes, scale
+
+    def _scale_when(self, capturing, token, gradients, finite, scale):
+        """The loss scale the probe measures on a capture step (a branch), else ``scale``."""
+        if capturing:
+            probe = self.capture_control.scale_probe
+            scale = probe.scale_after(probe.probe(token), gradients, finite, scale)
+        return scale
+
+    def _norms_when(self, capturing, state, finite, token, scale, track):
+        """:meth:`_fold_norms` on a capture step (a branch), else the stored Fishers and counts, no
+        fault and no change."""
+        norms, norm_counts = state[FactorState.NORM_FISHERS], state[FactorState.NORM_COUNTS]
+        norm_faults, norm_changes = ops.zeros((), ms.int32), -ops.ones((self.num_norms,), ms.float32)
+        if capturing:
+            norms, norm_counts, norm_faults, norm_changes = self._fold_norms(state, finite, token, scale, track)
+        return norms, norm_counts, norm_faults, norm_changes
+
+    def _fold_layer(self, k, stored, updates, was_demoted, token, scale, track, fold_damping):
+        """Layer ``k``'s fold on one device on a capture step (a branch of :meth:`folded_and_stored`):
+        (new A, new G, outcome, whether the capture shows the layer unseen). With a per-layer refresh
+        rule (SP-NGD's) most capture steps take a few layers: the arithmetic is a branch of its own,
+        taken when this layer captured a statistic, as in :meth:`folded`."""
+        block = self.blocks[k]
+        finite = token
+        flag_a, flag_g = self.capture_control.layer_flags(k)
+        a_batch, g_batch = block.batch(token)
+        unseen = block.unseen(a_batch, g_batch, flag_a, flag_g)
+        keep = ops.logical_and(ops.logical_not(ops.logical_or(was_demoted, unseen)), finite)
+        take_a, take_g = ops.logical_and(flag_a, keep), ops.logical_and(flag_g, keep)
+        probe = self.capture_control.scale_probe
+        if probe is not None:
+            g_batch = g_batch * probe.correction(scale)
+        a, g = stored
+        if self.refresh_rule.per_layer:
+            unchanged = -ops.ones((), ms.float32)
+            zero = ops.zeros((), ms.float32)
+            outcome = fold_outcome(zero, zero, zero, zero, (unchanged, unchanged) if track else None)
+            if ops.logical_or(take_a, take_g):
+                a, g, outcome = block.fold(stored, updates, a_batch, g_batch, take_a, take_g, self.factor_decay,
+                                           track, fold_damping)
+            return a, g, outcome, unseen
+        a, g, outcome = block.fold(stored, updates, a_batch, g_batch, take_a, take_g, self.factor_decay, track,
+                                   fold_damping)
+        return a, g, outcome, unseen
+
+    def _fold_norms(self, state, finite, token, scale, track):
+        """Every unit-wise BatchNorm layer's fold on one device (a branch of :meth:`folded_and_stored`):
+        (new Fishers, new counts as a vector, rejected count, changes as a vector)."""
+        probe = self.capture_control.scale_probe
+        norm_damping = self.batchnorm_damping if self.damped_changes else None
+        fishers, f_each = state[FactorState.NORM_FISHERS], ops.unstack(state[FactorState.NORM_COUNTS])
+        norms, norm_counts, norm_changes = (), (), ()
+        faults = ops.zeros((), ms.int32)
+        for j in range(self.num_norms):
+            block = self.norm_blocks[j]
+            f_batch = block.batch(token)
+            if probe is not None:
+                f_batch = f_batch * probe.correction(scale)
+            fisher, count, bad, change = block.fold(
+                fishers[j], f_each[j], f_batch, ops.logical_and(self.capture_control.norm_flag(j), finite),
+                self.factor_decay, track, norm_damping)
+            norms += (fisher,)
+            norm_counts += (count,)
+            norm_changes += (change,)
+            faults = faults + bad
+        changes = ops.stack(norm_changes) if track else -ops.ones((self.num_norms,), ms.float32)
+        return norms, ops.stack(norm_counts), faults, changes
 
     def store_factors(self, state):
         """Write the factor state (:meth:`folded`'s) to the Parameters, in the main graph."""

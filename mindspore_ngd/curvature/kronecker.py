@@ -144,9 +144,10 @@ class KroneckerBlock(nn.Cell):
         return a, g, outcome
 
     def write_factors(self, state):
+        """Store (A, G); the G write's result, after the A write (to order on)."""
         a_factor, g_factor = state
-        ops.assign(self.a_factor, a_factor)
-        ops.assign(self.g_factor, g_factor)
+        written = ops.assign(self.a_factor, a_factor)
+        return ops.depend(ops.assign(self.g_factor, g_factor), written)
 
     def positions(self):
         """T, the output positions the layer's A sums over (a float32 scalar; 1 for a Dense), as the last

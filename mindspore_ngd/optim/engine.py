@@ -315,9 +315,10 @@ class NGDOptimizer(Precondition, Inspection, Update, Guard, nn.Optimizer):
         # an op reads the flags now: a Parameter used after its assign would read the new value
         not_demoted_before = ops.logical_not(factors[FactorState.COUNTS][LayerCounts.DEMOTED])
         if not self._lean:        # the lean graph runs only on steps that capture nothing: no fold
-            if curvature.capturing():
-                factors, refreshed, changes, scale = curvature.folded(factors, finite, gradients, scale, damping)
-            curvature.store_factors(factors)
+            # written back layer by layer; from here on the factors are read from their Parameters (the
+            # same values, loaded after the writes), so no fold output lives on through the refresh
+            factors, refreshed, changes, scale = curvature.folded_and_stored(factors, finite, gradients, scale,
+                                                                             damping)
         curvature.store_scale(scale)
         # layers demoted this step are reported (warning, or error if strict) at the start of the next
         # step: a host call placed after the fold broke the reload of a checkpoint into the compiled
