@@ -114,13 +114,14 @@ from mindspore_ngd.capture.layer_types import geometry_of, layer_type_of  # noqa
 from mindspore_ngd.curvature.blocks import BlockLayout, apply_left, apply_right  # noqa: E402
 from mindspore_ngd.curvature.factors import same_padding  # noqa: E402,F401  (the capture's own padding rule)
 from mindspore_ngd.curvature.inverse import damped_inverse  # noqa: E402
+from mindspore_ngd.curvature.registry import (INVERSE_FLOPS_PER_CUBE, block_layout,  # noqa: E402,F401
+                                              block_type_of, inverse_flops, precondition_flops)
 
 from . import save_results  # noqa: E402
 from .baselines import MOMENTUM_KINDS, momentum_baseline  # noqa: E402
 
 DEFAULT_PERIOD = 20
 THOR_SPLIT_DIM = 128            # THOR's default split_dim
-INVERSE_FLOPS_PER_CUBE = 1.0    # Cholesky-based inverse: potrf D^3/3 + potri 2D^3/3
 DATA_BATCHES = 4                # distinct synthetic batches, cycled
 DATA_SOURCES = ("synthetic", "digits")
 DIGITS_SHAPE = (1, 8, 8)        # the input of the models that can train on the digits (--data digits)
@@ -229,35 +230,11 @@ def build_cell(model_name, optimizer, period, seed=0, kl_clip=None):
 
 
 # ---------------------------------------------------------------------------------------- FLOP model
-def block_layout(dim, split_dim=None):
-    """``(count, size)`` of a factor of side ``dim`` split into ``split_dim`` blocks: the package's own
-    :class:`mindspore_ngd.curvature.blocks.BlockLayout`."""
-    layout = BlockLayout.of(dim, split_dim)
-    return layout.count, layout.size
-
-
-def inverse_flops(dim, split_dim=None):
-    count, size = block_layout(dim, split_dim)
-    return INVERSE_FLOPS_PER_CUBE * count * size ** 3
-
-
-def precondition_flops(g_dim, a_dim, split_dim=None):
-    """``G^-1 dW A^-1`` with dW of shape (g_dim, a_dim), dense or block-diagonal inverses."""
-    g_count, g_size = block_layout(g_dim, split_dim)
-    a_count, a_size = block_layout(a_dim, split_dim)
-    return 2 * g_count * g_size ** 2 * a_dim + 2 * g_dim * a_count * a_size ** 2
-
-
 def layer_flops(spec, batch, positions, split_dim=None):
     """FLOPs of one layer: forward, backward (per step), capture of A and G (per capture),
-    inversion of A and G (per refresh) and preconditioning (per step)."""
-    a, g = spec.a_dim, spec.g_dim
-    rows = batch * positions
-    forward = 2 * rows * g * (a - int(spec.has_bias))
-    return {"forward": forward, "backward": 2 * forward,
-            "capture_a": 2 * rows * a * a, "capture_g": 2 * rows * g * g,
-            "inverse_a": inverse_flops(a, split_dim), "inverse_g": inverse_flops(g, split_dim),
-            "precondition": precondition_flops(g, a, split_dim)}
+    inversion of A and G (per refresh) and preconditioning (per step), by the block type of its kind
+    (:meth:`mindspore_ngd.curvature.registry.KroneckerType.flops`)."""
+    return block_type_of(spec).flops(spec, batch, positions, split_dim)
 
 
 def layer_geometry(model_name, specs, batch=2):

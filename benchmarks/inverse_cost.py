@@ -25,6 +25,7 @@ import mindspore as ms
 from mindspore import nn, Tensor
 
 from mindspore_ngd.curvature import inverse as inv_ops
+from mindspore_ngd.curvature import newton
 from . import save_results
 
 SIZES = (64, 128, 256, 512, 1024, 2048, 4608)
@@ -94,7 +95,7 @@ def measure(size, repeats):
         row = {"size": size, "method": label, "seconds": seconds, "ok": ok,
                "rel_frobenius_error": float(np.linalg.norm(inv - reference) / np.linalg.norm(reference))}
         if method == "newton":
-            row["static_steps"] = inv_ops.NEWTON_STEPS
+            row["static_steps"] = newton.NEWTON_STEPS
             if warm:
                 residual = np.eye(size) - (new + (shift + jitter) * np.eye(size)) @ previous
                 rho = min(np.linalg.norm(residual), np.abs(residual).sum(1).max())

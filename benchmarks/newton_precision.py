@@ -6,7 +6,7 @@
 The factors are issue 34's: Grams of power-law features (feature i has variance i^-2, 4 D samples),
 scaled to mean eigenvalue 1, so the shift is the damping relative to the mean eigenvalue. ``128x16``
 is a factor of size 2048 inverted as THOR inverts it with ``split_dim=128``: its 16 diagonal blocks,
-each shifted by the same amount. Every variant runs :func:`mindspore_ngd.curvature.inverse.newton_inverse`
+each shifted by the same amount. Every variant runs :func:`mindspore_ngd.curvature.newton.newton_inverse`
 in graph mode on CPU:
 
 * ``newton12``: the iteration as it was before issue 34 (12 steps, no refinement, the step
@@ -31,7 +31,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, Tensor
 
-from mindspore_ngd.curvature import inverse as inv_ops
+from mindspore_ngd.curvature import newton
 from . import save_results
 
 CASES = ("128x16", "256", "1024", "2048")
@@ -69,8 +69,8 @@ class NewtonCell(nn.Cell):
 
     def construct(self, sym, total):
         if self.variant == "newton12":
-            return inv_ops.newton_inverse(sym, total, steps=12, refinements=0, products=self.products)
-        return inv_ops.newton_inverse(sym, total, products=self.products, split=self.variant == "newton_split")
+            return newton.newton_inverse(sym, total, steps=12, refinements=0, products=self.products)
+        return newton.newton_inverse(sym, total, products=self.products, split=self.variant == "newton_split")
 
 
 def relative_error(inv, m64, total):
@@ -96,7 +96,7 @@ def measure(case, shifts, variants=VARIANTS, precisions=PRECISIONS):
                 seconds = time.perf_counter() - start
                 error = relative_error(inv.asnumpy(), m64, float(total))
                 accepted = bool(accepted.asnumpy())
-                limit = inv_ops.NEWTON_ACCEPT[products]
+                limit = newton.NEWTON_ACCEPT[products]
                 row = {"case": case, "shift": shift, "variant": variant, "products": products,
                        "low": float(np.min(shift / bound)), "error": error if np.isfinite(error) else None,
                        "accepted": accepted, "wrong": bool(accepted and not error <= limit),
@@ -153,8 +153,8 @@ def main(argv=None):
     return save_results(args.out, "newton_precision", {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python -m benchmarks.newton_precision"] + list(argv if argv is not None else sys.argv[1:])),
-        "device": "CPU (float16-input products emulated)", "steps": inv_ops.NEWTON_STEPS,
-        "refinements": inv_ops.NEWTON_REFINEMENTS, "rows": rows, "markdown": table})
+        "device": "CPU (float16-input products emulated)", "steps": newton.NEWTON_STEPS,
+        "refinements": newton.NEWTON_REFINEMENTS, "rows": rows, "markdown": table})
 
 
 if __name__ == "__main__":

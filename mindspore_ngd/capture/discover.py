@@ -31,7 +31,8 @@ LAYER_CLASSES = DENSE_CLASSES + CONV_CLASSES
 class LayerSpec:
     """What the engine needs to know about one preconditioned layer."""
     name: str                       # the cell's name in the network, e.g. "conv1" or "layer1.0.fc"
-    kind: str                       # "dense" or "conv2d": a key of layer_types.LAYER_TYPES
+    kind: str                       # "dense" or "conv2d": a key of layer_types.LAYER_TYPES (and of
+                                    # mindspore_ngd.curvature.registry.BLOCK_TYPES)
     weight_name: str                # the weight Parameter's name (unchanged by capture)
     bias_name: Optional[str]        # the bias Parameter's name, None without bias
     weight_shape: Tuple[int, ...]
@@ -113,6 +114,7 @@ class NormSpec:
     beta_name: str
     channels: int
     eps: float
+    kind: str = "batchnorm"         # a key of mindspore_ngd.curvature.registry.BLOCK_TYPES
 
 
 def _norm_unsupported_reason(cell):

@@ -8,7 +8,8 @@ cell of those classes, the kind's fields of a :class:`~mindspore_ngd.capture.Lay
 outputs have positions, which also picks the trace of G and the output-gradient sum).
 :func:`find_layers`, the capture cells, the loss-scale probe and the benchmarks' cost model ask
 :func:`layer_type_of` instead of comparing kind strings; a new kind of layer is one more
-:class:`LayerType`, registered with :func:`register_layer_type`.
+:class:`LayerType`, registered with :func:`register_layer_type`, and the block type that keeps its
+statistics, registered for the same kind in :mod:`mindspore_ngd.curvature.registry`.
 
 The formulas are plain functions with one signature per statistic (unused arguments ignored), so a
 capture cell can hold them as attributes and call them in its compiled graph: ``geometry`` is
@@ -21,7 +22,7 @@ from mindspore import mint, nn
 from ..curvature import factors
 
 __all__ = ["LayerType", "DenseType", "Conv2dType", "LAYER_TYPES", "register_layer_type", "layer_type_of",
-           "layer_type_of_class", "geometry_of"]
+           "layer_type_of_class", "geometry_of", "registered"]
 
 
 def _pair(value):
@@ -294,13 +295,20 @@ def register_layer_type(layer_type):
     return layer_type
 
 
-def layer_type_of(spec):
-    """The :class:`LayerType` of a LayerSpec (or of a kind string)."""
+def registered(table, spec, noun):
+    """``table[kind]`` for the kind of ``spec`` (a spec with a ``kind``, or a kind string); a KeyError
+    naming the kind, the ``noun`` of the entries and the registered kinds when there is none. The
+    lookup of this registry and of :mod:`mindspore_ngd.curvature.registry`'s."""
     kind = spec if isinstance(spec, str) else spec.kind
     try:
-        return LAYER_TYPES[kind]
+        return table[kind]
     except KeyError:
-        raise KeyError(f"no layer type registered for kind {kind!r}; registered: {sorted(LAYER_TYPES)}") from None
+        raise KeyError(f"no {noun} registered for kind {kind!r}; registered: {sorted(table)}") from None
+
+
+def layer_type_of(spec):
+    """The :class:`LayerType` of a LayerSpec (or of a kind string)."""
+    return registered(LAYER_TYPES, spec, "layer type")
 
 
 def layer_type_of_class(cls):

@@ -51,7 +51,7 @@ from mindspore.ops import constexpr
 
 from .._graph import permuted, top_left
 
-__all__ = ["BlockLayout", "to_blocks", "from_blocks", "apply_right", "apply_left"]
+__all__ = ["BlockLayout", "to_blocks", "from_blocks", "apply_right", "apply_left", "identity_like"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +92,13 @@ class BlockLayout:
     def pad(self):
         """``padded - dim``: identity rows/columns added to the last block."""
         return self.padded - self.dim
+
+
+def identity_like(blocks):
+    """The identity with the shape of ``blocks``: (s, s), or (nb, s, s) for a stack of blocks."""
+    size = blocks.shape[-1]
+    eye = ops.eye(size, size, blocks.dtype)
+    return eye if blocks.ndim == 2 else ops.broadcast_to(eye, blocks.shape)
 
 
 @constexpr

@@ -3,7 +3,9 @@ kept apart from the optimizer that uses their inverses.
 
 :class:`BlockDiagonalCurvature` owns
 - the blocks (:class:`~mindspore_ngd.curvature.kronecker.KroneckerBlock` per Dense/Conv2d layer,
-  :class:`~mindspore_ngd.curvature.unitwise.UnitBatchNormBlock` per unit-wise BatchNorm layer);
+  :class:`~mindspore_ngd.curvature.unitwise.UnitBatchNormBlock` per unit-wise BatchNorm layer), each
+  built by the block type registered for its layer's kind (:mod:`mindspore_ngd.curvature.registry`);
+  the two families still run as two lanes (``blocks``, ``norm_blocks``) through the steps below;
 - their counters (:class:`~mindspore_ngd.curvature.counters.LayerCounters`) and capture flags
   (:class:`~mindspore_ngd.capture.CaptureControl`, with the loss-scale probe);
 - the exchange of their statistics between ranks (:mod:`mindspore_ngd.parallel.exchange`);
@@ -46,9 +48,9 @@ from ..capture import CaptureControl
 from ..capture.loss_scale import LossScaleProbe, reference_layer
 from ..parallel.exchange import DistributedExchange, LocalExchange
 from .counters import LayerCounters
-from .kronecker import KroneckerBlock
+from .registry import BlockContext, block_type_of
 from .state import FactorState, FoldOutcome, LayerCounts, factor_state, fold_outcome, inverse_state
-from .unitwise import UnitBatchNormBlock, UnitBatchNormStack
+from .unitwise import UnitBatchNormStack
 
 __all__ = ["BlockDiagonalCurvature"]
 
@@ -98,15 +100,11 @@ class BlockDiagonalCurvature(nn.Cell):
         # Monte-Carlo step captures G in its own backward pass at its own fixed scale
         reference = reference_layer(specs) if policy.fisher == "empirical" else None
         self.probe_layer = reference
-        self.blocks = nn.CellList([
-            KroneckerBlock(s, prefix, index[s.weight_name], index[s.bias_name] if s.has_bias else -1, mine,
-                           policy.split_dim, loss_scale, traces, policy.damping_split, policy.inverse_method,
-                           policy.jitter, k == reference, policy.stat_fraction, policy.stat_stride)
-            for k, (s, mine) in enumerate(zip(specs, owned))],
-            auto_prefix=False)
-        self.norm_blocks = nn.CellList([
-            UnitBatchNormBlock(s, prefix, index[s.gamma_name], index[s.beta_name], loss_scale) for s in norm_specs],
-            auto_prefix=False)
+        # every block is built by the block type of its layer's kind (curvature/registry.py)
+        context = BlockContext(prefix, index, policy, loss_scale, traces)
+        self.blocks = nn.CellList([block_type_of(s).build(s, context, mine, k == reference)
+                                   for k, (s, mine) in enumerate(zip(specs, owned))], auto_prefix=False)
+        self.norm_blocks = nn.CellList([block_type_of(s).build(s, context) for s in norm_specs], auto_prefix=False)
         self.norm_stack = UnitBatchNormStack(list(self.norm_blocks)) if norm_specs else None
         self.counters = LayerCounters(prefix, [s.name for s in specs], [s.name for s in norm_specs])
         probe = None if reference is None else LossScaleProbe(self.blocks[reference].capture,

@@ -1,4 +1,4 @@
-"""The matmul-only inverse (``inverse_method="newton"``, curvature/inverse.py) against float64 NumPy.
+"""The matmul-only inverse (``inverse_method="newton"``, curvature/newton.py) against float64 NumPy.
 
 Factors come from a ResNet-style convolution at test time (reference/realistic_factors.py): A is the
 im2col covariance of post-BatchNorm/ReLU activations, G that of the output gradients, damped with the
@@ -18,6 +18,7 @@ from mindspore import nn, ops, Tensor
 
 import mindspore_ngd as ngd
 from mindspore_ngd.curvature import inverse as inv_ops
+from mindspore_ngd.curvature import newton
 from nets import DenseNet
 from reference.numpy_kfac import damping_shifts
 from reference.realistic_factors import conv_layer_factors
@@ -61,7 +62,7 @@ class _Newton(nn.Cell):
 
     def construct(self, m, total, warm, trust):
         sym = (m + m.swapaxes(-1, -2)) * 0.5
-        return inv_ops.newton_inverse(sym, total, warm if self.warm else None, trust, self.steps)
+        return newton.newton_inverse(sym, total, warm if self.warm else None, trust, self.steps)
 
 
 class _Damped(nn.Cell):
@@ -165,7 +166,7 @@ def test_no_convergence_and_nan_input_are_flagged():
 def test_optimizer_keeps_the_previous_inverse_when_newton_does_not_converge(monkeypatch):
     """The fallback is rejection: the layer keeps its previous (here the initial identity) inverses
     and the refresh counts as an inverse fault; training goes on with finite weights."""
-    monkeypatch.setattr(inv_ops, "NEWTON_STEPS", 1)
+    monkeypatch.setattr(newton, "NEWTON_STEPS", 1)
     ms.set_seed(0)
     net = DenseNet()
     opt = ngd.KFAC(net, learning_rate=0.1, damping=1e-4, inverse_update_interval=1, inverse_method="newton",

@@ -22,6 +22,7 @@ from mindspore import nn, ops, Tensor
 
 import mindspore_ngd as ngd
 from mindspore_ngd.curvature import inverse as inv_ops
+from mindspore_ngd.curvature import newton
 from mindspore_ngd.curvature.blocks import BlockLayout
 from benchmarks.newton_precision import case_matrix
 from nets import DenseNet
@@ -50,8 +51,8 @@ class _Products(nn.Cell):
 
     def construct(self, a, b):
         if self.split:
-            return inv_ops.split_product(a, b, self.products)
-        return inv_ops._product(a, b, self.products)
+            return newton.split_product(a, b, self.products)
+        return newton._product(a, b, self.products)
 
 
 class _Newton(nn.Cell):
@@ -60,7 +61,7 @@ class _Newton(nn.Cell):
         self.products, self.split, self.steps, self.refinements = products, split, steps, refinements
 
     def construct(self, sym, total):
-        return inv_ops.newton_inverse(sym, total, steps=self.steps, products=self.products, split=self.split,
+        return newton.newton_inverse(sym, total, steps=self.steps, products=self.products, split=self.split,
                                       refinements=self.refinements)
 
 
@@ -119,10 +120,10 @@ def test_step_count_comes_from_the_condition_bound():
             lower = 1 - rate * rate
         return rate * rate
     for low in (1e-2, 5e-6, 1e-8):
-        steps = inv_ops.newton_steps_for(low)
+        steps = newton.newton_steps_for(low)
         assert rates(low, steps) < 1e-3 <= rates(low, steps - 1)
-    assert inv_ops.NEWTON_STEPS == inv_ops.newton_steps_for(inv_ops.NEWTON_MIN_LOW) == 16
-    assert inv_ops.newton_steps_for(5e-6) <= 12 < inv_ops.newton_steps_for(1e-7)
+    assert newton.NEWTON_STEPS == newton.newton_steps_for(newton.NEWTON_MIN_LOW) == 16
+    assert newton.newton_steps_for(5e-6) <= 12 < newton.newton_steps_for(1e-7)
 
 
 # ------------------------------------------------------------------ issue 34's spectra
