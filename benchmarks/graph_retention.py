@@ -1,0 +1,134 @@
+"""Host memory MindSpore keeps for every node of a compiled graph.
+
+    python -m benchmarks.graph_retention [--sizes 20,220] [--ops add,logical_and,matmul] [--out results/]
+
+For each operator and size ``n``, a child process compiles a graph-mode Cell that applies the operator
+``n`` times in a chain (an unrolled Python loop: ``n`` nodes in the final graph), then returns every
+freed page to the system (``malloc_trim``) and reports how much its resident set grew. The slope between
+two sizes is what one more node keeps for the life of the compiled graph. ``--front-end`` sets
+``MS_DEV_PRECOMPILE_ONLY=1`` in the children: the front end compiles, the backend does not, which splits
+the slope between the two.
+
+Why it matters here: the natural-gradient step compiles a few hundred nodes per preconditioned layer
+(its checks, branches and writes), and on ResNet-50 the compiled graph, not any tensor, is the largest
+part of the step's peak resident memory above ``nn.Momentum``'s (docs/performance.md, "Memory").
+Results are printed as a Markdown table and saved as JSON (:func:`benchmarks.save_results`).
+"""
+import argparse
+import ctypes
+import gc
+import json
+import os
+import subprocess
+import sys
+
+OPS = ("add", "logical_and", "matmul")
+
+
+def _rss_mb():
+    with open("/proc/self/statm", encoding="ascii") as handle:
+        pages = int(handle.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+
+
+def _trimmed_rss_mb():
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return _rss_mb()
+
+
+def worker(op, size):
+    """Compile the chain of ``size`` ``op`` nodes in this process; print its retained MB as JSON."""
+    import numpy as np
+    import mindspore as ms
+    from mindspore import nn, ops, Tensor
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+
+    class Chain(nn.Cell):
+        def construct(self, flag, x):
+            for k in range(size):
+                if op == "add":
+                    x = x + 1.0
+                elif op == "logical_and":
+                    flag = ops.logical_and(flag, x > k)
+                else:
+                    x = ops.matmul(x, x)
+            return flag, x
+
+    shape = (64, 64) if op == "matmul" else ()
+    inputs = (Tensor(True), Tensor(np.ones(shape, np.float32)))
+    net = Chain()
+    before = _trimmed_rss_mb()
+    net.compile(*inputs)
+    retained = _trimmed_rss_mb() - before
+    result = {"op": op, "size": size, "retained_mb": retained}
+    if os.environ.get("MS_DEV_PRECOMPILE_ONLY") != "1":      # with the backend compiled, run it once
+        flag, value = net(*inputs)
+        result.update(flag=bool(flag.asnumpy()), value=float(value.asnumpy().ravel()[0]))
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def measure(op, size, front_end=False):
+    """Run :func:`worker` in a child process; its result dict (``error`` set if it failed)."""
+    env = dict(os.environ)
+    if front_end:
+        env["MS_DEV_PRECOMPILE_ONLY"] = "1"
+    command = [sys.executable, "-m", "benchmarks.graph_retention", "--worker", op, "--sizes", str(size)]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(command, cwd=root, capture_output=True, text=True, check=False, env=env)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-2:]
+    return {"op": op, "size": size, "error": f"exit code {proc.returncode}: {' / '.join(tail)}"}
+
+
+def slope_kb(small, large):
+    """KB kept per node between two results of one operator, or None if either failed."""
+    if "error" in small or "error" in large or large["size"] == small["size"]:
+        return None
+    return (large["retained_mb"] - small["retained_mb"]) * 1024 / (large["size"] - small["size"])
+
+
+def table(rows, sizes):
+    lines = ["| operator | " + " | ".join(f"retained after compiling {n} nodes (MB)" for n in sizes)
+             + " | KB per node |", "|---" * (len(sizes) + 2) + "|"]
+    for op, results in rows:
+        cells = [("failed" if "error" in r else f"{r['retained_mb']:.1f}") for r in results]
+        kb = slope_kb(results[0], results[-1])
+        lines.append(f"| {op} | " + " | ".join(cells) + f" | {'' if kb is None else f'{kb:.0f}'} |")
+    return "\n".join(lines)
+
+
+def parse(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="20,220", help="comma-separated node counts (two or more)")
+    parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, from {list(OPS)}")
+    parser.add_argument("--front-end", action="store_true", help="compile the front end only")
+    parser.add_argument("--out", default=None, help="directory for the JSON results")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse(argv)
+    sizes = [int(n) for n in args.sizes.split(",")]
+    if args.worker:
+        return worker(args.worker, sizes[0])
+    if len(sizes) < 2 or min(sizes) < 1:
+        raise SystemExit(f"--sizes: give two or more positive node counts, got {args.sizes!r}")
+    ops = [op.strip() for op in args.ops.split(",")]
+    unknown = sorted(set(ops) - set(OPS))
+    if unknown:
+        raise SystemExit(f"--ops: unknown {unknown}; choose from {list(OPS)}")
+    rows = [(op, [measure(op, n, args.front_end) for n in sizes]) for op in ops]
+    print(table(rows, sizes))
+    if args.out:
+        from benchmarks import save_results
+        save_results(args.out, "graph_retention", {"args": vars(args), "rows": rows})
+    return rows
+
+
+if __name__ == "__main__":
+    main()
