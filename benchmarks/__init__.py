@@ -8,6 +8,11 @@ the ``examples`` and ``bench`` extras.
 import json
 import os
 import platform
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_RESULT = "RESULT "
 
 
 def save_results(out_dir, name, payload):
@@ -38,3 +43,25 @@ def parse_names(parser, option, text, allowed, all_value=None):
     if len(set(names)) != len(names):
         parser.error(f"{option}: names must not repeat, got {text!r}")
     return names
+
+
+def print_result(result):
+    """A child process's result, as the one line :func:`run_child` reads."""
+    print(_RESULT + json.dumps(result), flush=True)
+
+
+def run_child(module, args, env=None):
+    """Run ``python -m module args...`` from the repository root; (the dict its :func:`print_result`
+    line holds, or None; the finished process)."""
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True,
+                          check=False, env=env)
+    for line in proc.stdout.splitlines():
+        if line.startswith(_RESULT):
+            return json.loads(line[len(_RESULT):]), proc
+    return None, proc
+
+
+def child_error(proc):
+    """Why a child process printed no result: its exit code and last lines of output."""
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    return f"exit code {proc.returncode}: {' / '.join(tail)}"

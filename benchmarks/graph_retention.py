@@ -17,24 +17,18 @@ Results are printed as a Markdown table and saved as JSON (:func:`benchmarks.sav
 import argparse
 import ctypes
 import gc
-import json
 import os
-import subprocess
-import sys
+
+from . import child_error, print_result, run_child, save_results
+from .memory import rss_mb
 
 OPS = ("add", "logical_and", "matmul")
-
-
-def _rss_mb():
-    with open("/proc/self/statm", encoding="ascii") as handle:
-        pages = int(handle.read().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
 
 
 def _trimmed_rss_mb():
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
-    return _rss_mb()
+    return rss_mb()
 
 
 def worker(op, size):
@@ -66,7 +60,7 @@ def worker(op, size):
     if os.environ.get("MS_DEV_PRECOMPILE_ONLY") != "1":      # with the backend compiled, run it once
         flag, value = net(*inputs)
         result.update(flag=bool(flag.asnumpy()), value=float(value.asnumpy().ravel()[0]))
-    print("RESULT " + json.dumps(result), flush=True)
+    print_result(result)
 
 
 def measure(op, size, front_end=False):
@@ -74,14 +68,8 @@ def measure(op, size, front_end=False):
     env = dict(os.environ)
     if front_end:
         env["MS_DEV_PRECOMPILE_ONLY"] = "1"
-    command = [sys.executable, "-m", "benchmarks.graph_retention", "--worker", op, "--sizes", str(size)]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run(command, cwd=root, capture_output=True, text=True, check=False, env=env)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-2:]
-    return {"op": op, "size": size, "error": f"exit code {proc.returncode}: {' / '.join(tail)}"}
+    result, proc = run_child("benchmarks.graph_retention", ["--worker", op, "--sizes", str(size)], env)
+    return result if result is not None else {"op": op, "size": size, "error": child_error(proc)}
 
 
 def slope_kb(small, large):
@@ -125,7 +113,6 @@ def main(argv=None):
     rows = [(op, [measure(op, n, args.front_end) for n in sizes]) for op in ops]
     print(table(rows, sizes))
     if args.out:
-        from benchmarks import save_results
         save_results(args.out, "graph_retention", {"args": vars(args), "rows": rows})
     return rows
 

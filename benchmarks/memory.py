@@ -29,17 +29,18 @@ import json
 import os
 import re
 import resource
-import subprocess
 import sys
 import time
 
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 
+from . import ROOT, child_error, print_result, run_child  # noqa: E402
+
 OPTIMIZERS = ("momentum", "kfac", "spngd", "thor")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _rss_mb():
+def rss_mb():
+    """This process's resident set now, in MB."""
     with open("/proc/self/statm", encoding="ascii") as handle:
         pages = int(handle.read().split()[1])
     return pages * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
@@ -111,36 +112,32 @@ def worker(args):
     rng = np.random.default_rng(0)
     x = Tensor(rng.standard_normal((args.batch,) + shape).astype(np.float32))
     y = Tensor(rng.integers(0, 10, args.batch).astype(np.int32))
-    out = {"optimizer": args.worker, "factors_mb": factors / 2 ** 20, "built_mb": _rss_mb(),
+    out = {"optimizer": args.worker, "factors_mb": factors / 2 ** 20, "built_mb": rss_mb(),
            "state_mb": _state_mb(step, opt)}
     start = time.perf_counter()
     step.compile(x, y)
     out["compile_s"] = time.perf_counter() - start
-    out["compiled_mb"] = _rss_mb()
+    out["compiled_mb"] = rss_mb()
     losses = []
     for _ in range(args.steps):
         losses.append(float(step(x, y).asnumpy()))
-    out.update(stepped_mb=_rss_mb(), peak_mb=_peak_mb(), losses=losses,
+    out.update(stepped_mb=rss_mb(), peak_mb=_peak_mb(), losses=losses,
                layers=len(getattr(opt, "blocks", ())))
-    print("RESULT " + json.dumps(out), flush=True)
+    print_result(out)
 
 
 def measure(args, name):
     """Run one optimizer in a child process; its result dict (``error`` set if it failed)."""
-    command = [sys.executable, "-m", "benchmarks.memory", "--worker", name, "--model", args.model,
-               "--image", str(args.image), "--batch", str(args.batch), "--layers", str(args.layers),
-               "--width", str(args.width), "--steps", str(args.steps)]
+    child_args = ["--worker", name, "--model", args.model, "--image", str(args.image), "--batch", str(args.batch),
+                  "--layers", str(args.layers), "--width", str(args.width), "--steps", str(args.steps)]
     env = dict(os.environ)
     conf = env.get("MS_DEV_RUNTIME_CONF", "")
     env["MS_DEV_RUNTIME_CONF"] = ",".join(filter(None, (conf, "memory_statistics:True")))
-    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False, env=env)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            result = json.loads(line[len("RESULT "):])
-            result["pool_peak_mb"] = _pool_peak_mb(proc.stdout + proc.stderr)
-            return result
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-    return {"optimizer": name, "error": f"exit code {proc.returncode}: {' / '.join(tail)}"}
+    result, proc = run_child("benchmarks.memory", child_args, env)
+    if result is None:
+        return {"optimizer": name, "error": child_error(proc)}
+    result["pool_peak_mb"] = _pool_peak_mb(proc.stdout + proc.stderr)
+    return result
 
 
 def _tensors_mb(result):
