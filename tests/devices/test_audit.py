@@ -125,6 +125,27 @@ def test_read_ir_primitives_on_a_small_dump():
         audit.read_ir_primitives("  %0(x) = 42(%1)\n")
 
 
+COPIES_IR = """subgraph @main(%para1_x) {
+  %0(CNode_1) = Load(%para2_kfac.conv.A, UMonad[U])
+  %1(CNode_2) = TensorMove(%0)
+  %2(CNode_3) = PrimFunc_Add(%para1_x, %1)
+  %3(CNode_4) = PrimFunc_TensorMove(%2)
+  Return(%3)
+}
+subgraph @7_branch(%para3_y) {
+  %0(CNode_5) = Load(%para4_kfac.G_updates, UMonad[U])
+  %1(CNode_6) = PrimFunc_TensorMove(%0)
+  Return(%1)
+}
+"""
+
+
+def test_read_ir_copies_names_the_loaded_parameter_of_every_copy():
+    # node numbers restart in every graph: the branch's %0 is its own Load, not main's
+    assert audit.read_ir_copies(COPIES_IR) == ["kfac.conv.A", "?", "kfac.G_updates"]
+    assert audit.read_ir_copies(IR) == []
+
+
 def _mul_add(x, i, m):
     return ms.ops.matmul(x, m) + 1.0
 

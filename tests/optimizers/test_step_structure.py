@@ -31,7 +31,8 @@ def _sources(prims, op):
 
 def _copies(net, opt, inputs, path):
     """The Parameters the compiled step copies (``TensorMove`` of their loads), by name."""
-    audit.compiled_primitives(train_step(net, opt), *inputs, keep=str(path))
+    prims = audit.compiled_primitives(train_step(net, opt), *inputs, keep=str(path))
+    assert _sources(prims, "ApplyMomentum") and _sources(prims, "Assign")      # the IR was read
     return audit.ir_copies(str(path))
 
 
