@@ -49,15 +49,16 @@ from ..capture.loss_scale import LossScaleProbe, reference_layer
 from ..parallel.exchange import DistributedExchange, LocalExchange
 from .counters import LayerCounters
 from .registry import BlockContext, block_type_of
-from .state import FactorState, FoldOutcome, LayerCounts, factor_state, fold_outcome, inverse_state
+from .state import FactorState, FoldOutcome, LayerCounts, factor_state, fold_outcome, idle_outcome, inverse_state
 from .unitwise import UnitBatchNormStack
 
 __all__ = ["BlockDiagonalCurvature"]
 
 
-def _outcome_fields(outcomes, track):
-    """Per-layer fields of the fold outcomes: (took A, took G, rejected, refreshed, A changes,
-    G changes), each a tuple over the layers (the changes empty unless ``track``)."""
+def _fold_totals(state, outcomes, demoted, track):
+    """What the layers' folds add up to: (counts in :class:`~mindspore_ngd.curvature.state.LayerCounts`'
+    order, the factor fault count, per-layer flags 'A or G was taken', the A and G changes or -1), from
+    the stored factor ``state``, each layer's outcome and the demoted flags after this step."""
     refreshed, took_a, took_g, rejected, a_changes, g_changes = (), (), (), (), (), ()
     for outcome in outcomes:
         took_a += (outcome[FoldOutcome.TOOK_A],)
@@ -67,7 +68,12 @@ def _outcome_fields(outcomes, track):
         if track:
             a_changes += (outcome[FoldOutcome.CHANGE_A],)
             g_changes += (outcome[FoldOutcome.CHANGE_G],)
-    return took_a, took_g, rejected, refreshed, a_changes, g_changes
+    stored_counts = state[FactorState.COUNTS]
+    counts = (stored_counts[LayerCounts.A_UPDATES] + ops.cast(ops.stack(took_a) > 0.5, ms.int32),
+              stored_counts[LayerCounts.G_UPDATES] + ops.cast(ops.stack(took_g) > 0.5, ms.int32), demoted)
+    faults = state[FactorState.FAULTS] + ops.cast(ops.reduce_sum(ops.stack(rejected)) + 0.5, ms.int32)
+    changes = ops.stack(a_changes + g_changes) if track else -ops.ones((1,), ms.float32)
+    return counts, faults, refreshed, changes
 
 
 class BlockDiagonalCurvature(nn.Cell):
@@ -155,19 +161,34 @@ class BlockDiagonalCurvature(nn.Cell):
     def stored_factors(self):
         """The factor state as stored (:class:`~mindspore_ngd.curvature.state.FactorState`): per layer
         (A, G), the counts and demoted flags, the factor fault count[, per BatchNorm layer F, F counts]."""
-        layers, norms = (), ()
-        for block in self.blocks:
-            layers += (block.factors(),)
+        layers, norms = self._layer_factors(), ()
         if not self.num_norms:
             return factor_state(layers, self.counters.factor_counts(), self.factor_faults)
         for block in self.norm_blocks:
             norms += (block.factors(),)
         return factor_state(layers, self.counters.factor_counts(), self.factor_faults, norms, self.counters.f_updates)
 
+    def _layer_factors(self):
+        """Every layer's (A, G) as stored (read after any write before it)."""
+        layers = ()
+        for block in self.blocks:
+            layers += (block.factors(),)
+        return layers
+
+    def _read_back(self, state):
+        """``state`` with every layer's (A, G) read back from its Parameters after their writes: what
+        the fold computed is then released, not kept live through the refresh."""
+        layers = self._layer_factors()
+        if not self.num_norms:
+            return factor_state(layers, state[FactorState.COUNTS], state[FactorState.FAULTS])
+        return factor_state(layers, state[FactorState.COUNTS], state[FactorState.FAULTS],
+                            state[FactorState.NORM_FISHERS], state[FactorState.NORM_COUNTS])
+
     def folded(self, state, finite, gradients, scale, damping):
-        """(new factor state, per-layer flag 'A or G of this layer was taken', relative changes, loss
-        scale seen). ``damping`` is this step's; a rule that measures changes against the damped
-        statistics (SP-NGD's default) gets them so.
+        """The distributed fold, one run-time branch of :meth:`folded_and_stored` on capture steps: (new
+        factor state, per-layer flag 'A or G of this layer was taken', relative changes, loss scale
+        seen). ``damping`` is this step's; a rule that measures changes against the damped statistics
+        (SP-NGD's default) gets them so.
 
         A step with a non-finite gradient (a loss-scale overflow, or divergence) folds nothing and is
         no fault of the curvature: it is counted once, as a skipped step. G and the unit-wise Fishers
@@ -189,15 +210,11 @@ class BlockDiagonalCurvature(nn.Cell):
         for block in self.norm_blocks:
             f_batches += (block.batch(token),)
         probe = self.capture_control.scale_probe
-        distributed = self.exchange.distributed
-        extra = probe.probe(token) if probe is not None and distributed else None
+        extra = None if probe is None else probe.probe(token)
         a_batches, g_batches, f_batches, token, extra = self.exchange.reduce_statistics(
             a_batches, g_batches, f_batches, token, extra)
-        if probe is not None:
-            if distributed:          # the ranks' mean probe against the ranks' mean gradient
-                scale = probe.scale_after(extra, gradients, finite, scale)
-            elif not self.probe_every_step:
-                scale = probe.scale_after(probe.probe(token), gradients, finite, scale)
+        if probe is not None:            # the ranks' mean probe against the ranks' mean gradient
+            scale = probe.scale_after(extra, gradients, finite, scale)
             correction = probe.correction(scale)
             unscaled, unscaled_f = (), ()
             for g_batch in g_batches:
@@ -208,17 +225,13 @@ class BlockDiagonalCurvature(nn.Cell):
         track = self.track_changes
         # what the changes are measured against (StaleIntervals.measure): the damped statistics, or None
         fold_damping = damping if self.damped_changes else None
-        norm_damping = self.batchnorm_damping if self.damped_changes else None
         zero = ops.zeros((), ms.float32)
         stored_counts = state[FactorState.COUNTS]
-        a_counts, g_counts = stored_counts[LayerCounts.A_UPDATES], stored_counts[LayerCounts.G_UPDATES]
-        was_demoted = stored_counts[LayerCounts.DEMOTED]
-        demoted = ops.logical_or(was_demoted, ops.stack(unseen))
-        demoted_each, a_each, g_each = ops.unstack(demoted), ops.unstack(a_counts), ops.unstack(g_counts)
-        # an owner's fold that took nothing: nothing taken or rejected, no change (-1, as block.fold
-        # reports it); a rank that does not own the layer contributes zeros to the agreement
-        unchanged = -ops.ones((), ms.float32)
-        idle = fold_outcome(zero, zero, zero, zero, (unchanged, unchanged) if track else None)
+        demoted = ops.logical_or(stored_counts[LayerCounts.DEMOTED], ops.stack(unseen))
+        demoted_each = ops.unstack(demoted)
+        a_each = ops.unstack(stored_counts[LayerCounts.A_UPDATES])
+        g_each = ops.unstack(stored_counts[LayerCounts.G_UPDATES])
+        # a rank that does not own the layer contributes zeros to the agreement
         absent = fold_outcome(zero, zero, zero, zero, (zero, zero) if track else None)
         stored = state[FactorState.LAYERS]
         folded, outcomes = (), ()
@@ -227,44 +240,20 @@ class BlockDiagonalCurvature(nn.Cell):
             a, g = stored[k]
             outcome = absent
             if block.owned:
-                outcome = idle
-                take_a, take_g = self.capture_control.layer_flags(k)
-                keep = ops.logical_and(ops.logical_not(demoted_each[k]), finite)
-                take_a, take_g = ops.logical_and(take_a, keep), ops.logical_and(take_g, keep)
-                if self.refresh_rule.per_layer:
-                    # per-statistic intervals: most steps fold a few layers, so each layer's fold is a
-                    # run-time branch of its own (nested in the fold's; like the per-layer inversions)
-                    if ops.logical_or(take_a, take_g):
-                        a, g, outcome = block.fold(stored[k], (a_each[k], g_each[k]), a_batches[k],
-                                                   g_batches[k], take_a, take_g, self.factor_decay, track,
-                                                   fold_damping)
-                else:
-                    a, g, outcome = block.fold(stored[k], (a_each[k], g_each[k]), a_batches[k], g_batches[k],
-                                               take_a, take_g, self.factor_decay, track, fold_damping)
+                a, g, outcome = self._fold_taken(block, stored[k], (a_each[k], g_each[k]), (a_batches[k], g_batches[k]),
+                                                 self.capture_control.layer_flags(k), demoted_each[k], finite, track,
+                                                 fold_damping)
             folded += ((a, g),)
             outcomes += (outcome,)
         # what each statistic's fold did, made identical on every rank (distributed: the owners' outcome)
         outcomes = self.exchange.agree(outcomes, token)
-        took_a, took_g, rejected, refreshed, a_changes, g_changes = _outcome_fields(outcomes, track)
-        counts = (a_counts + ops.cast(ops.stack(took_a) > 0.5, ms.int32),      # in LayerCounts' order
-                  g_counts + ops.cast(ops.stack(took_g) > 0.5, ms.int32), demoted)
-        faults = state[FactorState.FAULTS] + ops.cast(ops.reduce_sum(ops.stack(rejected)) + 0.5, ms.int32)
-        changes = ops.stack(a_changes + g_changes) if track else -ops.ones((1,), ms.float32)
+        counts, faults, refreshed, changes = _fold_totals(state, outcomes, demoted, track)
         if not self.num_norms:
             return factor_state(folded, counts, faults), refreshed, changes, scale
-        norms, norm_counts, norm_changes = (), (), ()
-        fishers, f_each = state[FactorState.NORM_FISHERS], ops.unstack(state[FactorState.NORM_COUNTS])
-        for j in range(self.num_norms):
-            fisher, count, bad, change = self.norm_blocks[j].fold(
-                fishers[j], f_each[j], f_batches[j], ops.logical_and(self.capture_control.norm_flag(j), finite),
-                self.factor_decay, track, norm_damping)
-            norms += (fisher,)
-            norm_counts += (count,)
-            norm_changes += (change,)
-            faults = faults + bad
+        norms, norm_counts, norm_faults, norm_changes = self._fold_norms(state, f_batches, finite, track)
         if track:
-            changes = ops.concat((changes, ops.stack(norm_changes)))
-        return factor_state(folded, counts, faults, norms, ops.stack(norm_counts)), refreshed, changes, scale
+            changes = ops.concat((changes, norm_changes))
+        return factor_state(folded, counts, faults + norm_faults, norms, norm_counts), refreshed, changes, scale
 
     def folded_and_stored(self, state, finite, gradients, scale, damping):
         """Fold this step's captured statistics into ``state`` (:meth:`stored_factors`) and write the
@@ -283,7 +272,7 @@ class BlockDiagonalCurvature(nn.Cell):
             if self.capturing():
                 state, refreshed, changes, scale = self.folded(state, finite, gradients, scale, damping)
             self.store_factors(state)
-            return self.stored_factors(), refreshed, changes, scale
+            return self._read_back(state), refreshed, changes, scale
         # Every Parameter is read once in the main graph (MindSpore 2.10 copies a Parameter read twice
         # in one graph, TensorMove): ``capturing`` once, the counts through ``state``; the capture flags
         # and batch buffers only inside the branches.
@@ -296,14 +285,13 @@ class BlockDiagonalCurvature(nn.Cell):
         track = self.track_changes
         fold_damping = damping if self.damped_changes else None
         stored_counts = state[FactorState.COUNTS]
-        a_counts, g_counts = stored_counts[LayerCounts.A_UPDATES], stored_counts[LayerCounts.G_UPDATES]
         was_demoted = stored_counts[LayerCounts.DEMOTED]
-        was_each, a_each, g_each = ops.unstack(was_demoted), ops.unstack(a_counts), ops.unstack(g_counts)
-        zero = ops.zeros((), ms.float32)
-        unchanged = -ops.ones((), ms.float32)
-        idle = fold_outcome(zero, zero, zero, zero, (unchanged, unchanged) if track else None)
+        was_each = ops.unstack(was_demoted)
+        a_each = ops.unstack(stored_counts[LayerCounts.A_UPDATES])
+        g_each = ops.unstack(stored_counts[LayerCounts.G_UPDATES])
+        idle = idle_outcome(track)
         stored = state[FactorState.LAYERS]
-        outcomes, unseen, layers = (), (), ()
+        outcomes, unseen = (), ()
         after = None
         for k in range(self.num_layers):
             block = self.blocks[k]
@@ -317,18 +305,12 @@ class BlockDiagonalCurvature(nn.Cell):
             after = block.write_factors((a, g))
             outcomes += (outcome,)
             unseen += (unseen_here,)
-        for k in range(self.num_layers):        # read back after the writes: the fold's outputs are released
-            layers += (self.blocks[k].factors(),)
-        took_a, took_g, rejected, refreshed, a_changes, g_changes = _outcome_fields(outcomes, track)
-        demoted = ops.logical_or(was_demoted, ops.stack(unseen))
-        counts = (a_counts + ops.cast(ops.stack(took_a) > 0.5, ms.int32),      # in LayerCounts' order
-                  g_counts + ops.cast(ops.stack(took_g) > 0.5, ms.int32), demoted)
-        faults = state[FactorState.FAULTS] + ops.cast(ops.reduce_sum(ops.stack(rejected)) + 0.5, ms.int32)
-        changes = ops.stack(a_changes + g_changes) if track else -ops.ones((1,), ms.float32)
+        counts, faults, refreshed, changes = _fold_totals(state, outcomes,
+                                                          ops.logical_or(was_demoted, ops.stack(unseen)), track)
         self.counters.write_factor_counts(counts)
         if not self.num_norms:
             ops.assign(self.factor_faults, faults)
-            return factor_state(layers, counts, faults), refreshed, changes, scale
+            return self._read_back(factor_state(stored, counts, faults)), refreshed, changes, scale
         norms, norm_counts, norm_faults, norm_changes = self._norms_when(capturing, state, finite, token, scale, track)
         for j in range(self.num_norms):
             self.norm_blocks[j].write_factors(norms[j])
@@ -337,7 +319,7 @@ class BlockDiagonalCurvature(nn.Cell):
         if track:
             changes = ops.concat((changes, norm_changes))
         ops.assign(self.factor_faults, faults)
-        return factor_state(layers, counts, faults, norms, norm_counts), refreshed, changes, scale
+        return self._read_back(factor_state(stored, counts, faults, norms, norm_counts)), refreshed, changes, scale
 
     def _scale_when(self, capturing, token, gradients, finite, scale):
         """The loss scale the probe measures on a capture step (a branch), else ``scale``."""
@@ -347,57 +329,62 @@ class BlockDiagonalCurvature(nn.Cell):
         return scale
 
     def _norms_when(self, capturing, state, finite, token, scale, track):
-        """:meth:`_fold_norms` on a capture step (a branch), else the stored Fishers and counts, no
-        fault and no change."""
+        """On a capture step (a branch): every unit-wise BatchNorm layer's batch, unscaled, folded by
+        :meth:`_fold_norms`; else the stored Fishers and counts, no fault and no change."""
         norms, norm_counts = state[FactorState.NORM_FISHERS], state[FactorState.NORM_COUNTS]
         norm_faults, norm_changes = ops.zeros((), ms.int32), -ops.ones((self.num_norms,), ms.float32)
         if capturing:
-            norms, norm_counts, norm_faults, norm_changes = self._fold_norms(state, finite, token, scale, track)
+            probe = self.capture_control.scale_probe
+            f_batches = ()
+            for block in self.norm_blocks:
+                f_batch = block.batch(token)
+                f_batches += (f_batch if probe is None else f_batch * probe.correction(scale),)
+            norms, norm_counts, norm_faults, norm_changes = self._fold_norms(state, f_batches, finite, track)
         return norms, norm_counts, norm_faults, norm_changes
 
     def _fold_layer(self, k, stored, updates, was_demoted, token, scale, track, fold_damping):
         """Layer ``k``'s fold on one device on a capture step (a branch of :meth:`folded_and_stored`):
-        (new A, new G, outcome, whether the capture shows the layer unseen). With a per-layer refresh
-        rule (SP-NGD's) most capture steps take a few layers: the arithmetic is a branch of its own,
-        taken when this layer captured a statistic, as in :meth:`folded`."""
+        (new A, new G, outcome, whether the capture shows the layer unseen)."""
         block = self.blocks[k]
-        finite = token
-        flag_a, flag_g = self.capture_control.layer_flags(k)
+        flags = self.capture_control.layer_flags(k)
         a_batch, g_batch = block.batch(token)
-        unseen = block.unseen(a_batch, g_batch, flag_a, flag_g)
-        keep = ops.logical_and(ops.logical_not(ops.logical_or(was_demoted, unseen)), finite)
-        take_a, take_g = ops.logical_and(flag_a, keep), ops.logical_and(flag_g, keep)
+        unseen = block.unseen(a_batch, g_batch, flags[0], flags[1])
         probe = self.capture_control.scale_probe
         if probe is not None:
             g_batch = g_batch * probe.correction(scale)
-        a, g = stored
-        if self.refresh_rule.per_layer:
-            unchanged = -ops.ones((), ms.float32)
-            zero = ops.zeros((), ms.float32)
-            outcome = fold_outcome(zero, zero, zero, zero, (unchanged, unchanged) if track else None)
-            if ops.logical_or(take_a, take_g):
-                a, g, outcome = block.fold(stored, updates, a_batch, g_batch, take_a, take_g, self.factor_decay,
-                                           track, fold_damping)
-            return a, g, outcome, unseen
-        a, g, outcome = block.fold(stored, updates, a_batch, g_batch, take_a, take_g, self.factor_decay, track,
-                                   fold_damping)
+        a, g, outcome = self._fold_taken(block, stored, updates, (a_batch, g_batch), flags,
+                                         ops.logical_or(was_demoted, unseen), token, track, fold_damping)
         return a, g, outcome, unseen
 
-    def _fold_norms(self, state, finite, token, scale, track):
-        """Every unit-wise BatchNorm layer's fold on one device (a branch of :meth:`folded_and_stored`):
-        (new Fishers, new counts as a vector, rejected count, changes as a vector)."""
-        probe = self.capture_control.scale_probe
+    def _fold_taken(self, block, stored, updates, batches, flags, demoted, finite, track, fold_damping):
+        """One owned layer's fold of its (unscaled) batch ``batches`` = (A, G) into ``stored`` = (A, G),
+        each statistic taken when its capture flag in ``flags`` is set, the layer is not ``demoted`` and
+        the step is ``finite``: (new A, new G, outcome). With per-statistic intervals (a per-layer
+        refresh rule, SP-NGD's) most steps fold a few layers, so the fold is a run-time branch of its
+        own, like the per-layer inversions."""
+        keep = ops.logical_and(ops.logical_not(demoted), finite)
+        take_a, take_g = ops.logical_and(flags[0], keep), ops.logical_and(flags[1], keep)
+        a_batch, g_batch = batches
+        if not self.refresh_rule.per_layer:
+            return block.fold(stored, updates, a_batch, g_batch, take_a, take_g, self.factor_decay, track,
+                              fold_damping)
+        a, g = stored
+        outcome = idle_outcome(track)
+        if ops.logical_or(take_a, take_g):
+            a, g, outcome = block.fold(stored, updates, a_batch, g_batch, take_a, take_g, self.factor_decay, track,
+                                       fold_damping)
+        return a, g, outcome
+
+    def _fold_norms(self, state, f_batches, finite, track):
+        """Every unit-wise BatchNorm layer's fold of its (unscaled) batch in ``f_batches``: (new Fishers,
+        new counts as a vector, rejected count, changes as a vector or -1s)."""
         norm_damping = self.batchnorm_damping if self.damped_changes else None
         fishers, f_each = state[FactorState.NORM_FISHERS], ops.unstack(state[FactorState.NORM_COUNTS])
         norms, norm_counts, norm_changes = (), (), ()
         faults = ops.zeros((), ms.int32)
         for j in range(self.num_norms):
-            block = self.norm_blocks[j]
-            f_batch = block.batch(token)
-            if probe is not None:
-                f_batch = f_batch * probe.correction(scale)
-            fisher, count, bad, change = block.fold(
-                fishers[j], f_each[j], f_batch, ops.logical_and(self.capture_control.norm_flag(j), finite),
+            fisher, count, bad, change = self.norm_blocks[j].fold(
+                fishers[j], f_each[j], f_batches[j], ops.logical_and(self.capture_control.norm_flag(j), finite),
                 self.factor_decay, track, norm_damping)
             norms += (fisher,)
             norm_counts += (count,)

@@ -16,9 +16,11 @@ another value -- the form of the fold's branch -- aborted the process at run tim
 output size"). A class attribute holding an int is a compile-time constant, also in strict mode, so
 ``state[FactorState.COUNTS]`` is the same constant-index item access as ``state[1]``.
 """
+import mindspore as ms
+from mindspore import ops
 
 __all__ = ["FactorState", "LayerCounts", "InverseState", "FoldOutcome", "factor_state", "inverse_state",
-           "fold_outcome"]
+           "fold_outcome", "idle_outcome"]
 
 
 class FactorState:
@@ -85,3 +87,11 @@ def fold_outcome(took_a, took_g, rejected_a, rejected_g, changes=None):
     if changes is None:
         return took_a, took_g, rejected_a, rejected_g
     return (took_a, took_g, rejected_a, rejected_g) + changes
+
+
+def idle_outcome(track):
+    """The outcome of an owned layer's fold that took nothing: nothing taken or rejected, no change
+    (-1 for each change, as a fold that did not take its statistic reports it)."""
+    zero = ops.zeros((), ms.float32)
+    unchanged = -ops.ones((), ms.float32)
+    return fold_outcome(zero, zero, zero, zero, (unchanged, unchanged) if track else None)
