@@ -46,6 +46,7 @@ import json
 import os
 from dataclasses import dataclass, field, asdict
 
+from mindspore_ngd.curvature.blocks import block_layout, inverse_cubes, precondition_flops
 from mindspore_ngd.parallel.packing import tri_size
 from mindspore_ngd.parallel.plan import plan_ownership
 
@@ -137,19 +138,9 @@ def _sq(d):
     return d * d
 
 
-def _blocks(d, split):
-    """(count, size) of THOR's block split of a d x d factor (last block padded)."""
-    if split is None or d <= split:
-        return 1, d
-    return -(-d // split), split
-
-
 def _precondition_flops(layer, split=None):
     """G^-1 (g x g) @ dW (g x a) @ A^-1 (a x a), with block-diagonal inverses when split."""
-    a, g = layer.a_dim, layer.g_dim
-    ca, sa = _blocks(a, split)
-    cg, sg = _blocks(g, split)
-    return 2 * g * a * (cg * sg * sg / max(g, 1)) + 2 * g * a * (ca * sa * sa / max(a, 1))
+    return precondition_flops(layer.g_dim, layer.a_dim, split)
 
 
 def _ring_allreduce(n, nbytes):
@@ -215,14 +206,12 @@ def scheme_ours_cpu_fallback(layers, n, grad_bytes):
 
 def scheme_thor(layers, n, grad_bytes, split=None):
     def inv_floats(l):
-        ca, sa = _blocks(l.a_dim, split)
-        cg, sg = _blocks(l.g_dim, split)
+        ca, sa = block_layout(l.a_dim, split)
+        cg, sg = block_layout(l.g_dim, split)
         return ca * sa * sa + cg * sg * sg
 
     def inv_cost(l):
-        ca, sa = _blocks(l.a_dim, split)
-        cg, sg = _blocks(l.g_dim, split)
-        return ca * sa ** 3 + cg * sg ** 3
+        return inverse_cubes(l.a_dim, split) + inverse_cubes(l.g_dim, split)
     inverses = sum(inv_floats(l) for l in layers)
     return SchemeCost(
         scheme="thor (split 128)" if split else "thor (whole)", devices=n,
@@ -289,7 +278,7 @@ def summary_lines(layers, other_params):
     full = sum(_sq(l.a_dim) + _sq(l.g_dim) for l in layers)
     tri = sum(tri_size(l.a_dim) + tri_size(l.g_dim) for l in layers)
     grads = sum(l.a_dim * l.g_dim for l in layers)
-    costs = sorted(((l.a_dim ** 3 + l.g_dim ** 3, l.name) for l in layers), reverse=True)
+    costs = sorted(((inverse_cubes(l.a_dim) + inverse_cubes(l.g_dim), l.name) for l in layers), reverse=True)
     total = sum(c for c, _ in costs)
     return [
         f"{len(layers)} preconditioned layers, {params / 1e6:.2f} M parameters "

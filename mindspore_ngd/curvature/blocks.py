@@ -51,7 +51,8 @@ from mindspore.ops import constexpr
 
 from .._graph import permuted, top_left
 
-__all__ = ["BlockLayout", "to_blocks", "from_blocks", "apply_right", "apply_left", "identity_like"]
+__all__ = ["BlockLayout", "to_blocks", "from_blocks", "apply_right", "apply_left", "identity_like", "block_layout",
+           "inverse_cubes", "precondition_flops"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +93,27 @@ class BlockLayout:
     def pad(self):
         """``padded - dim``: identity rows/columns added to the last block."""
         return self.padded - self.dim
+
+
+def block_layout(dim, split_dim=None):
+    """``(count, size)`` of a factor of side ``dim`` split into ``split_dim`` blocks (:meth:`BlockLayout.of`)."""
+    layout = BlockLayout.of(dim, split_dim)
+    return layout.count, layout.size
+
+
+def inverse_cubes(dim, split_dim=None):
+    """``count * size^3``: the work of inverting a factor of side ``dim`` as :meth:`BlockLayout.of` splits it,
+    in units of one ``size^3`` (dense: ``dim^3``). The one formula behind the cost model's inversion FLOPs
+    (``registry.inverse_flops``) and the ownership plan's compute balance (``parallel.plan.factor_cost``)."""
+    count, size = block_layout(dim, split_dim)
+    return count * size ** 3
+
+
+def precondition_flops(g_dim, a_dim, split_dim=None):
+    """``G^-1 dW A^-1`` with dW of shape (g_dim, a_dim), dense or block-diagonal inverses."""
+    g_count, g_size = block_layout(g_dim, split_dim)
+    a_count, a_size = block_layout(a_dim, split_dim)
+    return 2 * g_count * g_size ** 2 * a_dim + 2 * g_dim * a_count * a_size ** 2
 
 
 def identity_like(blocks):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..capture.layer_types import registered
-from .blocks import BlockLayout
+from .blocks import block_layout, inverse_cubes, precondition_flops
 from .kronecker import KroneckerBlock
 from .unitwise import UnitBatchNormBlock
 
@@ -84,24 +84,9 @@ class BlockType:
         raise NotImplementedError(f"block family {self.family!r} has no FLOP model")
 
 
-def block_layout(dim, split_dim=None):
-    """``(count, size)`` of a factor of side ``dim`` split into ``split_dim`` blocks
-    (:class:`~mindspore_ngd.curvature.blocks.BlockLayout`)."""
-    layout = BlockLayout.of(dim, split_dim)
-    return layout.count, layout.size
-
-
 def inverse_flops(dim, split_dim=None):
     """The damped inverse of a factor of side ``dim``: ``INVERSE_FLOPS_PER_CUBE * count * size^3``."""
-    count, size = block_layout(dim, split_dim)
-    return INVERSE_FLOPS_PER_CUBE * count * size ** 3
-
-
-def precondition_flops(g_dim, a_dim, split_dim=None):
-    """``G^-1 dW A^-1`` with dW of shape (g_dim, a_dim), dense or block-diagonal inverses."""
-    g_count, g_size = block_layout(g_dim, split_dim)
-    a_count, a_size = block_layout(a_dim, split_dim)
-    return 2 * g_count * g_size ** 2 * a_dim + 2 * g_dim * a_count * a_size ** 2
+    return INVERSE_FLOPS_PER_CUBE * inverse_cubes(dim, split_dim)
 
 
 class KroneckerType(BlockType):

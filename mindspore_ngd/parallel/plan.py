@@ -56,6 +56,7 @@ from types import MappingProxyType
 from typing import Tuple
 
 from .._validate import int_at_least as _int
+from ..curvature.blocks import inverse_cubes
 from .packing import pack_layout, tri_size
 
 __all__ = ["WorkItem", "OwnershipPlan", "plan_ownership", "lpt_assign", "grad_workers", "factor_cost"]
@@ -100,10 +101,7 @@ def factor_cost(dim, balance="compute", split_dim=None):
         raise ValueError(f"balance must be one of {list(BALANCES)}, got {balance!r}")
     if balance == "memory":
         return dim * dim
-    if split_dim is None or split_dim >= dim:
-        return dim ** 3
-    count = -(-dim // split_dim)
-    return count * split_dim ** 3
+    return inverse_cubes(dim, split_dim)
 
 
 def grad_workers(world_size, grad_worker_fraction):
