@@ -415,12 +415,15 @@ def _check_one(root, relative, expected):
 def write(root=REPO_ROOT):
     """Write ``root/docs/api.md`` and ``root/docs/developer.md``; returns their paths."""
     _ensure_importable(root)
+    # every document is rendered before any file is opened for writing: a render that raises (e.g. an
+    # out-of-date DEFAULT_DIFFERENCES) leaves the committed files as they were, not truncated
+    texts = [(relative, render(internal)) for relative, internal in _documents()]
     paths = []
-    for relative, internal in _documents():
+    for relative, text in texts:
         path = os.path.join(root, relative)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w", encoding="utf-8") as handle:
-            handle.write(render(internal))
+            handle.write(text)
         paths.append(path)
     return paths
 

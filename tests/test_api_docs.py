@@ -66,7 +66,7 @@ def test_api_docs_hold_the_public_surface_and_developer_docs_the_internals():
         assert f"### `mindspore_ngd.parallel.{name}`" not in api, name
 
 
-def test_defaults_that_differ_are_tabled_with_a_reason(monkeypatch):
+def test_defaults_that_differ_are_tabled_with_a_reason(monkeypatch, tmp_path_factory):
     """Every argument shared by KFAC, SPNGD and THOR with differing defaults has a row (and a reason);
     generation refuses a difference without one."""
     import inspect
@@ -86,7 +86,16 @@ def test_defaults_that_differ_are_tabled_with_a_reason(monkeypatch):
         assert f"| `{name}` |" in text, name
     generator = _generator(_repo_root())
     reasons = dict(argdocs.DEFAULT_DIFFERENCES)
-    reasons.pop("kl_clip")
+    reasons.pop("split_dim")
     monkeypatch.setattr(argdocs, "DEFAULT_DIFFERENCES", reasons)
-    with pytest.raises(ValueError, match=r"no reason for \['kl_clip'\]"):
+    with pytest.raises(ValueError, match=r"no reason for \['split_dim'\]"):
         generator.render()
+    # and writing refuses before it opens a file: the pages already there are left whole
+    root = tmp_path_factory.mktemp("docs_root")
+    os.makedirs(root / "docs")
+    for relative in ("api.md", "developer.md"):
+        (root / "docs" / relative).write_text("kept\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="no reason for"):
+        generator.write(str(root))
+    for relative in ("api.md", "developer.md"):
+        assert (root / "docs" / relative).read_text(encoding="utf-8") == "kept\n"
