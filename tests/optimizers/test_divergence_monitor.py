@@ -31,19 +31,37 @@ def test_patience_exploded_steps_stop_with_the_evidence():
         monitor.observe(Tensor(np.float32(7.0)))
     message = str(info.value)
     assert ngd.is_divergence(info.value)
-    assert message.startswith("THOR diverged at step 5: the loss stayed above 2x the first step's 2.3 for 3 "
-                              "consecutive steps (now 7"), message
+    assert message.startswith("THOR diverged at step 5: the loss stayed above 2x the first step's 2.3 or was not "
+                              "finite for 3 consecutive steps (now 7"), message
     assert "Raise the damping" in message and "lower the learning rate" in message
     assert monitor.worst == pytest.approx(7.0 / 2.3)
 
 
-def test_a_healthy_step_resets_and_a_non_finite_one_neither_counts_nor_resets():
+def test_a_healthy_step_resets_and_a_non_finite_one_counts():
     monitor = ngd.DivergenceMonitor(growth=1.5, patience=3)
-    _feed(monitor, [float("nan"), 2.0, 4.0, 4.0, 1.0, 4.0, float("inf"), 4.0])
-    assert monitor.reference == 2.0            # the first finite loss
-    assert monitor.run == 2                    # reset by 1.0; the inf left the count at 1
-    with pytest.raises(RuntimeError, match="training diverged at step 9"):
+    _feed(monitor, [float("nan"), 2.0, 4.0, 4.0, 1.0, 4.0])
+    assert monitor.reference == 2.0            # the first finite loss; it reset the NaN's count
+    assert monitor.run == 1                    # reset by 1.0
+    monitor.observe(np.float32(float("inf")))  # a non-finite loss counts as exploded
+    assert monitor.run == 2
+    with pytest.raises(RuntimeError, match="training diverged at step 8"):
         monitor.observe(np.float32(3.5))
+
+
+def test_a_run_of_infinite_losses_with_finite_gradients_stops():
+    """A blown-up softmax cross-entropy is inf while its gradient stays bounded: the optimizer takes
+    finite steps and never stops itself, so the monitor does, before or after a first finite loss."""
+    monitor = ngd.DivergenceMonitor(patience=3, name="THOR")
+    _feed(monitor, [2.3, 0.5, float("inf"), float("inf")])
+    with pytest.raises(RuntimeError) as info:
+        monitor.observe(np.float32(float("inf")))
+    assert ngd.is_divergence(info.value)
+    assert "or was not finite for 3 consecutive steps (now inf)" in str(info.value)
+    fresh = ngd.DivergenceMonitor(patience=2)
+    fresh.observe(np.float32(float("nan")))
+    with pytest.raises(RuntimeError, match="the loss was not finite for 2 consecutive steps"):
+        fresh.observe(np.float32(float("inf")))
+    assert fresh.reference is None
 
 
 def test_a_loss_scale_cells_output_tuple_is_read_by_its_loss():
@@ -84,7 +102,7 @@ def test_model_train_stops_a_finite_blow_up_before_the_optimizers_own_rule():
     x, y = template_images()
     ms.set_seed(0)
     net = ConvBNNet(widths=(3, 16, 32, 32))
-    opt = ngd.THOR(net, 0.5, 1e-6, 0.9, 5e-4, frequency=4, verbose=False)
+    opt = ngd.THOR(net, 0.5, 1e-6, 0.9, 5e-4, frequency=4, kl_clip=None, verbose=False)   # nn.thor's step
     monitor = ngd.DivergenceMonitor(patience=3, name="THOR")
     model = Model(net, nn.CrossEntropyLoss(reduction="mean"), opt)
     with pytest.raises(RuntimeError) as info:
