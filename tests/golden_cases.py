@@ -41,16 +41,17 @@ def _spngd(net):
                      max_interval=4, verbose=False, adaptive_damping=False, refresh_measure="raw")
 
 
-# THOR's default damping split became "positions" (nn.thor's, issue 32); the goldens were recorded with
-# the former default and pin it, so that they keep checking the engine's behaviour bit for bit
+# THOR's default damping split became "positions" (nn.thor's, issue 32) and its default kl_clip 1e-3; the
+# goldens were recorded with the former defaults and pin them, so that they keep checking the engine's
+# behaviour bit for bit
 def _thor_split_trace(net):
     return ngd.THOR(net, 0.1, 1e-2, frequency=2, split_dim=16, trace_threshold=0.05, frequency_growth=1.5,
-                    max_frequency=5, verbose=False, adaptive_damping=False, damping_split="sqrt")
+                    max_frequency=5, verbose=False, adaptive_damping=False, damping_split="sqrt", kl_clip=None)
 
 
 def _thor_split(net):
     return ngd.THOR(net, 0.05, 1e-2, frequency=3, split_dim=8, enable_clip_grad=True, weight_decay=1e-4,
-                    verbose=False, adaptive_damping=False, damping_split="sqrt")
+                    verbose=False, adaptive_damping=False, damping_split="sqrt", kl_clip=None)
 
 
 def _kfac_mc(net):

@@ -112,10 +112,6 @@ DEFAULT_DIFFERENCES = {
         "0.9 let the refresh ratio fall to 0.02-0.05 at the same accuracy (with 0 it stayed at 0.84, "
         "measured on digits); THOR, as `nn.thor`, uses each refresh's own batch (0)."
     ),
-    "kl_clip": (
-        "`nn.thor` has no KL clipping, so THOR has none by default (None); KFAC and SPNGD clip at 1e-3 "
-        "(Ba et al. 2017): without it both diverged on the digits CNN at lr 0.05, damping 1e-2."
-    ),
     "split_dim": (
         "THOR inverts factors above 128 as 128-blocks, as `nn.thor` does (Ascend's cube size); KFAC and "
         "SPNGD invert whole factors (None), the exact Kronecker-factored inverse. On Ascend, pass 128 for "

@@ -26,7 +26,8 @@ from .. import _validate
 __all__ = ["Divergence", "DIVERGED", "ADVICE", "is_divergence", "check_divergence_growth", "stop_message"]
 
 DIVERGED = "diverged at step"
-ADVICE = "Raise the damping, enable kl_clip (e.g. kl_clip=1e-3) or lower the learning rate."
+ADVICE = ("Raise the damping, clip the update (kl_clip=1e-3, the default; smaller if it is set already) or lower "
+          "the learning rate.")
 
 
 def check_divergence_growth(value):

@@ -27,7 +27,7 @@ SCALE = 128.0
 def _one_thor_step(net, x, y, damping_split="positions"):
     before = {p.name: p.asnumpy().astype(np.float64) for p in net.trainable_params()}
     opt = ngd.THOR(net, 1.0, LAMBDA, 0.0, 0.0, SCALE, x.shape[0], frequency=4, split_dim=None, jitter=0.0,
-                   adaptive_damping=False, damping_split=damping_split, verbose=False)
+                   adaptive_damping=False, kl_clip=None, damping_split=damping_split, verbose=False)
     step = nn.TrainOneStepCell(nn.WithLossCell(net, _loss()), opt, sens=SCALE)
     step.set_train()
     step(Tensor(x), Tensor(y))
