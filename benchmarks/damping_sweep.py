@@ -1,14 +1,17 @@
 """Damping x learning-rate sweep on the digits CNN: every run trains or stops with a reason.
 
     python -m benchmarks.damping_sweep [--epochs 3] [--optimizers kfac spngd thor]
-        [--dampings 1e-4 1e-3 1e-2] [--lrs 0.01 0.1 0.3] [--out results/] [-- OPTIMIZER ARGS]
+        [--dampings 1e-4 1e-3 1e-2] [--lrs 0.01 0.1 0.3] [--monitor] [--out results/] [--set KEY=VALUE ...]
 
 Each optimizer at its constructor defaults (only ``learning_rate`` and ``damping`` set), trained
 through stock ``mindspore.train.Model.train`` on scikit-learn's digits (batch 64, same initial weights
 and data order for every run). A run ends either with a test accuracy or with
 the optimizer's divergence stop (``RuntimeError``, :func:`mindspore_ngd.is_divergence`); the table gives which, the skipped steps and the damping the
 optimizer ended with. ``--set key=value`` passes extra constructor arguments to every optimizer
-(e.g. ``--set adaptive_damping=False`` for the fixed-damping baseline).
+(e.g. ``--set adaptive_damping=False`` for the fixed-damping baseline). ``--monitor`` adds a
+:class:`mindspore_ngd.DivergenceMonitor` to the callbacks, as ``ConvertModelUtils``' THOR model and the
+model zoo's ``train.py`` do: its stop (a loss above 1.5x the first, or not finite, for 10 steps) then
+counts as "diverged" too.
 """
 import argparse
 import ast
@@ -32,7 +35,7 @@ def _build(kind, net, lr, damping, extra):
     return cls(net, learning_rate=lr, damping=damping, verbose=False, **extra)
 
 
-def run_one(kind, damping, lr, epochs, batch_size=64, seed=0, extra=None):
+def run_one(kind, damping, lr, epochs, batch_size=64, seed=0, extra=None, monitor=False):
     """One run; returns a dict with the outcome ("trained" or "diverged"), accuracy and counters."""
     import mindspore_ngd as ngd
     from .data import array_dataset, digits_arrays
@@ -45,7 +48,9 @@ def run_one(kind, damping, lr, epochs, batch_size=64, seed=0, extra=None):
     start = time.perf_counter()
     outcome, reason = "trained", ""
     try:
-        model.train(epochs, array_dataset(x_train, y_train, batch_size, seed=seed), dataset_sink_mode=False)
+        callbacks = [ngd.DivergenceMonitor(name=type(opt).__name__)] if monitor else None
+        model.train(epochs, array_dataset(x_train, y_train, batch_size, seed=seed), callbacks=callbacks,
+                    dataset_sink_mode=False)
     except RuntimeError as error:
         if not ngd.is_divergence(error):
             raise
@@ -67,6 +72,7 @@ def main(argv=None):
     parser.add_argument("--lrs", nargs="+", type=float, default=[0.01, 0.1, 0.3])
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="extra optimizer arguments, e.g. adaptive_damping=False")
+    parser.add_argument("--monitor", action="store_true", help="add a DivergenceMonitor (the loss-side stop)")
     parser.add_argument("--out", default="results")
     parser.add_argument("--name", default="damping_sweep")
     args = parser.parse_args(argv)
@@ -83,17 +89,17 @@ def main(argv=None):
     for kind in args.optimizers:
         for damping in args.dampings:
             for lr in args.lrs:
-                row = run_one(kind, damping, lr, args.epochs, extra=extra)
+                row = run_one(kind, damping, lr, args.epochs, extra=extra, monitor=args.monitor)
                 rows.append(row)
                 print(f"| {kind} | {damping:g} | {lr:g} | {row['outcome']} | {row['test_acc']:.4f} | "
                       f"{row['skipped_steps']} | {row['damping_end']:.3g} | {row['seconds']:.0f} |", flush=True)
                 if row["reason"]:
                     print(f"    {row['reason'][:300]}", flush=True)
     bad = [r for r in rows if r["outcome"] == "trained" and r["test_acc"] < 0.90]
-    print(f"\n{len(rows)} runs: {sum(r['outcome'] == 'diverged' for r in rows)} stopped with TrainingDiverged, "
+    print(f"\n{len(rows)} runs: {sum(r['outcome'] == 'diverged' for r in rows)} stopped with the divergence error, "
           f"{len(bad)} trained below 0.90 without an exception", flush=True)
     save_results(args.out, args.name, {"epochs": args.epochs, "extra": {k: repr(v) for k, v in extra.items()},
-                                       "rows": rows})
+                                       "monitor": args.monitor, "rows": rows})
     return rows
 
 
