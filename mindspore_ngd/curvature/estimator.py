@@ -178,11 +178,11 @@ class BlockDiagonalCurvature(nn.Cell):
     def _read_back(self, state):
         """``state`` with every layer's (A, G) read back from its Parameters after their writes: what
         the fold computed is then released, not kept live through the refresh."""
-        layers = self._layer_factors()
-        if not self.num_norms:
-            return factor_state(layers, state[FactorState.COUNTS], state[FactorState.FAULTS])
-        return factor_state(layers, state[FactorState.COUNTS], state[FactorState.FAULTS],
-                            state[FactorState.NORM_FISHERS], state[FactorState.NORM_COUNTS])
+        norms = norm_counts = None
+        if self.num_norms:
+            norms, norm_counts = state[FactorState.NORM_FISHERS], state[FactorState.NORM_COUNTS]
+        return factor_state(self._layer_factors(), state[FactorState.COUNTS], state[FactorState.FAULTS], norms,
+                            norm_counts)
 
     def folded(self, state, finite, gradients, scale, damping):
         """The distributed fold, one run-time branch of :meth:`folded_and_stored` on capture steps: (new
@@ -308,16 +308,16 @@ class BlockDiagonalCurvature(nn.Cell):
         counts, faults, refreshed, changes = _fold_totals(state, outcomes,
                                                           ops.logical_or(was_demoted, ops.stack(unseen)), track)
         self.counters.write_factor_counts(counts)
-        if not self.num_norms:
-            ops.assign(self.factor_faults, faults)
-            return self._read_back(factor_state(stored, counts, faults)), refreshed, changes, scale
-        norms, norm_counts, norm_faults, norm_changes = self._norms_when(capturing, state, finite, token, scale, track)
-        for j in range(self.num_norms):
-            self.norm_blocks[j].write_factors(norms[j])
-        self.counters.write_norm_counts(norm_counts)
-        faults = faults + norm_faults
-        if track:
-            changes = ops.concat((changes, norm_changes))
+        norms = norm_counts = None
+        if self.num_norms:
+            norms, norm_counts, norm_faults, norm_changes = self._norms_when(capturing, state, finite, token, scale,
+                                                                             track)
+            for j in range(self.num_norms):
+                self.norm_blocks[j].write_factors(norms[j])
+            self.counters.write_norm_counts(norm_counts)
+            faults = faults + norm_faults
+            if track:
+                changes = ops.concat((changes, norm_changes))
         ops.assign(self.factor_faults, faults)
         return self._read_back(factor_state(stored, counts, faults, norms, norm_counts)), refreshed, changes, scale
 
