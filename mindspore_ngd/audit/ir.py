@@ -16,7 +16,6 @@ from mindspore import nn
 __all__ = ["read_ir_primitives", "ir_primitives", "compiled_primitives", "read_ir_copies", "ir_copies"]
 
 # ------------------------------------------------------------------ IR
-_NODE = re.compile(r"^\s+%\d+\(.*?\) = (.+)$")
 _CALL = re.compile(r"^(?:%[\w.]+|@|call\s|Parameter_\d+\[)")
 _PRIM = re.compile(r"^([A-Za-z_][\w]*)[(\[]")
 _FILE = re.compile(r"#\s*In file (\S+?):(\d+)")
@@ -36,9 +35,9 @@ inside it). Raises ValueError on a node line it cannot classify."""
     out = collections.defaultdict(list)
     current = None
     for line in text.splitlines():
-        node = _NODE.match(line)
+        node = _NUMBERED.match(line)
         if node:
-            body = node.group(1)
+            body = node.group(2)
             current = None
             if _CALL.match(body):
                 continue
@@ -75,25 +74,32 @@ def read_ir_copies(text):
     return copies
 
 
+def _final_graphs(path):
+    """The text of every final front-end graph (``*validate*.ir``) saved under ``path``, in name order."""
+    texts = []
+    for name in sorted(glob.glob(os.path.join(path, "**", "*validate*.ir"), recursive=True)):
+        with open(name, encoding="utf-8", errors="replace") as handle:
+            texts.append(handle.read())
+    return texts
+
+
 def ir_copies(path):
     """:func:`read_ir_copies` over every final front-end graph (``*validate*.ir``) in ``path``."""
     copies = []
-    for name in sorted(glob.glob(os.path.join(path, "**", "*validate*.ir"), recursive=True)):
-        with open(name, encoding="utf-8", errors="replace") as handle:
-            copies.extend(read_ir_copies(handle.read()))
+    for text in _final_graphs(path):
+        copies.extend(read_ir_copies(text))
     return copies
 
 
 def ir_primitives(path):
     """:func:`read_ir_primitives` over every final front-end graph (``*validate*.ir``) in ``path``."""
-    files = sorted(glob.glob(os.path.join(path, "**", "*validate*.ir"), recursive=True))
-    if not files:
+    texts = _final_graphs(path)
+    if not texts:
         raise FileNotFoundError(f"no '*validate*.ir' graph was saved under {path}")
     merged = collections.defaultdict(list)
-    for name in files:
-        with open(name, encoding="utf-8", errors="replace") as handle:
-            for prim, sources in read_ir_primitives(handle.read()).items():
-                merged[prim].extend(sources)
+    for text in texts:
+        for prim, sources in read_ir_primitives(text).items():
+            merged[prim].extend(sources)
     return dict(merged)
 
 
