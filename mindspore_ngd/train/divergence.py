@@ -36,7 +36,7 @@ def _loss_value(outputs):
 
 
 class DivergenceMonitor(Callback):
-    """Stops training whose loss stays far above where it started, while every value is finite.
+    """Stops training whose loss stays far above where it started, or is not finite.
 
     A step counts as exploded when its loss is above ``growth`` times the absolute value of the first
     finite loss the monitor saw, or is not finite; ``patience`` consecutive exploded steps raise
