@@ -1,13 +1,14 @@
 """Host memory MindSpore keeps for every node of a compiled graph.
 
-    python -m benchmarks.graph_retention [--sizes 20,220] [--ops add,logical_and,matmul] [--out results/]
+    python -m benchmarks.graph_retention [--sizes 20,220] [--ops add,logical_and,matmul] [--loop while] [--out results/]
 
 For each operator and size ``n``, a child process compiles a graph-mode Cell that applies the operator
 ``n`` times in a chain (an unrolled Python loop: ``n`` nodes in the final graph), then returns every
 freed page to the system (``malloc_trim``) and reports how much its resident set grew. The slope between
 two sizes is what one more node keeps for the life of the compiled graph. ``--front-end`` sets
 ``MS_DEV_PRECOMPILE_ONLY=1`` in the children: the front end compiles, the backend does not, which splits
-the slope between the two.
+the slope between the two. ``--loop while`` builds the chain as a graph-mode ``while`` loop over a
+Tensor counter instead: its body is compiled once, whatever the count.
 
 Why it matters here: the natural-gradient step compiles a few hundred nodes per preconditioned layer
 (its checks, branches and writes), and on ResNet-50 the compiled graph, not any tensor, is the largest
@@ -31,8 +32,9 @@ def _trimmed_rss_mb():
     return rss_mb()
 
 
-def worker(op, size):
-    """Compile the chain of ``size`` ``op`` nodes in this process; print its retained MB as JSON."""
+def worker(op, size, loop="for"):
+    """Compile the chain of ``size`` ``op`` nodes in this process (``loop="while"``: one ``op`` node in a
+    run-time loop taken ``size`` times); print its retained MB as JSON."""
     import numpy as np
     import mindspore as ms
     from mindspore import nn, ops, Tensor
@@ -50,25 +52,39 @@ def worker(op, size):
                     x = ops.matmul(x, x)
             return flag, x
 
+    class Loop(nn.Cell):
+        def construct(self, flag, x):
+            k = Tensor(0, ms.int32)
+            while k < size:
+                if op == "add":
+                    x = x + 1.0
+                elif op == "logical_and":
+                    flag = ops.logical_and(flag, x > ops.cast(k, ms.float32))
+                else:
+                    x = ops.matmul(x, x)
+                k = k + 1
+            return flag, x
+
     shape = (64, 64) if op == "matmul" else ()
     inputs = (Tensor(True), Tensor(np.ones(shape, np.float32)))
-    net = Chain()
+    net = Loop() if loop == "while" else Chain()
     before = _trimmed_rss_mb()
     net.compile(*inputs)
     retained = _trimmed_rss_mb() - before
-    result = {"op": op, "size": size, "retained_mb": retained}
+    result = {"op": op, "size": size, "loop": loop, "retained_mb": retained}
     if os.environ.get("MS_DEV_PRECOMPILE_ONLY") != "1":      # with the backend compiled, run it once
         flag, value = net(*inputs)
         result.update(flag=bool(flag.asnumpy()), value=float(value.asnumpy().ravel()[0]))
     print_result(result)
 
 
-def measure(op, size, front_end=False):
+def measure(op, size, front_end=False, loop="for"):
     """Run :func:`worker` in a child process; its result dict (``error`` set if it failed)."""
     env = dict(os.environ)
     if front_end:
         env["MS_DEV_PRECOMPILE_ONLY"] = "1"
-    result, proc = run_child("benchmarks.graph_retention", ["--worker", op, "--sizes", str(size)], env)
+    result, proc = run_child("benchmarks.graph_retention", ["--worker", op, "--sizes", str(size), "--loop", loop],
+                             env)
     return result if result is not None else {"op": op, "size": size, "error": child_error(proc)}
 
 
@@ -94,6 +110,8 @@ def parse(argv=None):
     parser.add_argument("--sizes", default="20,220", help="comma-separated node counts (two or more)")
     parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated, from {list(OPS)}")
     parser.add_argument("--front-end", action="store_true", help="compile the front end only")
+    parser.add_argument("--loop", choices=("for", "while"), default="for",
+                        help="for: an unrolled chain of nodes (default); while: one node in a run-time loop")
     parser.add_argument("--out", default=None, help="directory for the JSON results")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -103,14 +121,14 @@ def main(argv=None):
     args = parse(argv)
     sizes = [int(n) for n in args.sizes.split(",")]
     if args.worker:
-        return worker(args.worker, sizes[0])
+        return worker(args.worker, sizes[0], args.loop)
     if len(sizes) < 2 or min(sizes) < 1:
         raise SystemExit(f"--sizes: give two or more positive node counts, got {args.sizes!r}")
     ops = [op.strip() for op in args.ops.split(",")]
     unknown = sorted(set(ops) - set(OPS))
     if unknown:
         raise SystemExit(f"--ops: unknown {unknown}; choose from {list(OPS)}")
-    rows = [(op, [measure(op, n, args.front_end) for n in sizes]) for op in ops]
+    rows = [(op, [measure(op, n, args.front_end, args.loop) for n in sizes]) for op in ops]
     print(table(rows, sizes))
     if args.out:
         save_results(args.out, "graph_retention", {"args": vars(args), "rows": rows})

@@ -31,3 +31,10 @@ def test_bad_arguments_are_named(argv, message):
 def test_slope_is_none_for_a_failed_size():
     assert graph_retention.slope_kb({"size": 2, "error": "x"}, {"size": 6, "retained_mb": 1.0}) is None
     assert graph_retention.slope_kb({"size": 2, "retained_mb": 1.0}, {"size": 6, "retained_mb": 2.0}) == 256.0
+
+
+def test_the_while_loop_computes_what_the_chain_computes():
+    rows = dict(graph_retention.main(["--sizes", "2,6", "--ops", "add,logical_and", "--loop", "while"]))
+    assert [r["value"] for r in rows["add"]] == [3.0, 7.0]
+    assert [r["flag"] for r in rows["logical_and"]] == [False, False]
+    assert {r["loop"] for op in rows.values() for r in op} == {"while"}
