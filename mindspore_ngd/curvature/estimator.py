@@ -106,6 +106,9 @@ class BlockDiagonalCurvature(nn.Cell):
         # Monte-Carlo step captures G in its own backward pass at its own fixed scale
         reference = reference_layer(specs) if policy.fisher == "empirical" else None
         self.probe_layer = reference
+        # whether a probe measures the loss scale (compile-time): not without a layer with a bias, nor with
+        # fisher="mc"
+        self.measures_scale = reference is not None
         # every block is built by the block type of its layer's kind (curvature/registry.py)
         context = BlockContext(prefix, index, policy, loss_scale, traces)
         self.blocks = nn.CellList([block_type_of(s).build(s, context, mine, k == reference)
@@ -145,10 +148,10 @@ class BlockDiagonalCurvature(nn.Cell):
         return scale
 
     def store_scale(self, scale):
-        """Write the loss scale seen this step (in the main graph, also in the lean graph)."""
-        probe = self.capture_control.scale_probe
-        if probe is not None:
-            ops.assign(probe.scale_seen, scale)
+        """Write the loss scale seen this step (in the main graph, also in the lean graph). Only when
+        :attr:`measures_scale` (without a probe there is nothing to write, and a call that does nothing
+        is dropped by MindSpore with a warning about side effects)."""
+        ops.assign(self.capture_control.scale_probe.scale_seen, scale)
 
     # ------------------------------------------------------------------ the fold
     def nothing_folded(self):

@@ -319,7 +319,8 @@ class NGDOptimizer(Precondition, Inspection, Update, Guard, nn.Optimizer):
             # same values, loaded after the writes), so no fold output lives on through the refresh
             factors, refreshed, changes, scale = curvature.folded_and_stored(factors, finite, gradients, scale,
                                                                              damping)
-        curvature.store_scale(scale)
+        if curvature.measures_scale:
+            curvature.store_scale(scale)
         # layers demoted this step are reported (warning, or error if strict) at the start of the next
         # step: a host call placed after the fold broke the reload of a checkpoint into the compiled
         # graph (measured, MindSpore 2.10); at the start of the step, like _watch's, it does not
@@ -328,13 +329,19 @@ class NGDOptimizer(Precondition, Inspection, Update, Guard, nn.Optimizer):
 
         # refresh the inverses the rule says are due
         due, layers = curvature.inverses_due(step, refreshed)
-        redamp, inverted_boost = self._reinvert(boost)
-        if self.policy.adaptive_damping:                  # the damping moved: refresh every inverse now
+        # with adaptive damping only: a value or call that comes to nothing in the graph (a None, a
+        # method without an op) is dropped by MindSpore with a warning about side effects
+        inverted_boost = None
+        if self.adaptive_damping:
+            # whether the multiplier moved by more than 2x since the inverses were computed, and the
+            # multiplier they were computed with; if it moved, every inverse is refreshed now
+            redamp, inverted_boost = self.damping_controller.reinvert(boost)
             due = ops.logical_or(due, redamp)
             if layers is not None:
                 layers = curvature.every_layer(layers, redamp)
         inverses = curvature.refreshed(factors, damping, layers, due)    # one branch per layer, each written at once
-        self._inverted_at(due, boost, inverted_boost)
+        if self.adaptive_damping:
+            self.damping_controller.inverted_at(due, boost, inverted_boost)
 
         # precondition, gather and rescale; then update every parameter
         preconditioned = self._preconditioned(gradients, lr, inverses, factors)

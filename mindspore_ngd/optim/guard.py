@@ -15,9 +15,6 @@ importable from it.
 """
 import numpy as np
 
-from mindspore import ops
-import mindspore as ms
-
 from .damping import BOOST_DOWN, BOOST_UP, REINVERT_RATIO, DampingController  # noqa: F401
 from .divergence import (ADVICE, DIVERGED, Divergence, check_divergence_growth, is_divergence,  # noqa: F401
                          stop_message)
@@ -62,23 +59,12 @@ class Guard(DeviceStatus, Divergence):
 
     # Each multiplier is read once per step and passed on (a Parameter read twice in one graph is
     # copied at every read, MindSpore 2.10): ``boost`` is the value _adapt wrote, ``inverted`` the
-    # value _reinvert read.
+    # value the controller's reinvert read (engine.py).
     def _damping(self, schedule_value, boost):
         """The damping of this step: the user's value (its floor) times the adaptive multiplier."""
         if not self.adaptive_damping:
             return schedule_value
         return schedule_value * boost
-
-    def _reinvert(self, boost):
-        """(whether the multiplier moved by more than 2x since the inverses were computed, the
-        multiplier they were computed with)."""
-        if not self.adaptive_damping:
-            return ops.zeros((), ms.bool_), None
-        return self.damping_controller.reinvert(boost)
-
-    def _inverted_at(self, due, boost, inverted):
-        if self.adaptive_damping:
-            self.damping_controller.inverted_at(due, boost, inverted)
 
     def _adapt(self, gradients, flat, finite):
         """Fold ``g_{t+1}' delta_t`` into the reduction ratio and adapt the multiplier: returns (a token
