@@ -16,20 +16,12 @@ part of the step's peak resident memory above ``nn.Momentum``'s (docs/performanc
 Results are printed as a Markdown table and saved as JSON (:func:`benchmarks.save_results`).
 """
 import argparse
-import ctypes
-import gc
 import os
 
 from . import child_error, print_result, run_child, save_results
-from .memory import rss_mb
+from .memory import trimmed_rss_mb
 
 OPS = ("add", "logical_and", "matmul")
-
-
-def _trimmed_rss_mb():
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    return rss_mb()
 
 
 def worker(op, size, loop="for"):
@@ -68,9 +60,9 @@ def worker(op, size, loop="for"):
     shape = (64, 64) if op == "matmul" else ()
     inputs = (Tensor(True), Tensor(np.ones(shape, np.float32)))
     net = Loop() if loop == "while" else Chain()
-    before = _trimmed_rss_mb()
+    before = trimmed_rss_mb()
     net.compile(*inputs)
-    retained = _trimmed_rss_mb() - before
+    retained = trimmed_rss_mb() - before
     result = {"op": op, "size": size, "loop": loop, "retained_mb": retained}
     if os.environ.get("MS_DEV_PRECOMPILE_ONLY") != "1":      # with the backend compiled, run it once
         flag, value = net(*inputs)

@@ -25,6 +25,8 @@ ResNet-32 (its CIFAR recipes' network: activations, not factors, dominate there)
 (``tests/benchmarks/test_memory.py``). Results are printed as a Markdown table and saved as JSON.
 """
 import argparse
+import ctypes
+import gc
 import json
 import os
 import re
@@ -44,6 +46,14 @@ def rss_mb():
     with open("/proc/self/statm", encoding="ascii") as handle:
         pages = int(handle.read().split()[1])
     return pages * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+
+
+def trimmed_rss_mb():
+    """:func:`rss_mb` after a garbage collection and ``malloc_trim``: every free page returned to the
+    system, so what is left is what the process keeps."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return rss_mb()
 
 
 def _peak_mb():

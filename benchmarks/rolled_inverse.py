@@ -20,24 +20,16 @@ Reported per form and count: compile seconds, the resident memory the compiled g
 float64 NumPy. Printed as a Markdown table and saved as JSON.
 """
 import argparse
-import ctypes
-import gc
 import os
 import time
 
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 
 from . import child_error, print_result, run_child, save_results  # noqa: E402
-from .memory import rss_mb  # noqa: E402
+from .memory import trimmed_rss_mb  # noqa: E402
 
 FORMS = ("unrolled", "rolled")
 DAMPING = 1e-3
-
-
-def _trimmed_rss_mb():
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    return rss_mb()
 
 
 def factors(count, dim, seed=0):
@@ -95,11 +87,11 @@ def worker(form, count, dim):
 
     net = Unrolled() if form == "unrolled" else Rolled()
     shift = Tensor(np.float32(DAMPING))
-    before = _trimmed_rss_mb()
+    before = trimmed_rss_mb()
     start = time.perf_counter()
     net.compile(shift)
     compile_s = time.perf_counter() - start
-    kept_mb = _trimmed_rss_mb() - before
+    kept_mb = trimmed_rss_mb() - before
     net(shift)
     start = time.perf_counter()
     net(shift)
