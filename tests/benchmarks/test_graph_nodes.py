@@ -1,0 +1,41 @@
+"""The per-layer graph benchmark: nodes by source file and kept memory, slopes between two stack depths."""
+import json
+
+import pytest
+
+from benchmarks import graph_nodes
+
+
+def test_one_more_layer_is_measured_by_source_file_and_the_lean_graph_is_smaller(tmp_path, capsys):
+    summary = graph_nodes.main(["--layers", "1,2", "--optimizers", "momentum,kfac", "--lean", "--top", "3",
+                                "--out", str(tmp_path)])
+    rows = {(s["optimizer"], s["lean"]): s for s in summary}
+    assert sorted(rows) == [("kfac", False), ("kfac", True), ("momentum", False)]
+    assert not any(s["errors"] for s in summary)
+    momentum, full, lean = rows["momentum", False], rows["kfac", False], rows["kfac", True]
+    # the optimizer's step preconditions each layer: many more nodes per layer than Momentum's update,
+    # and the lean graph leaves out the capture branches and the fold
+    assert 0 < momentum["nodes_per_layer"] < lean["nodes_per_layer"] < full["nodes_per_layer"]
+    # the attribution adds up, and the inversion is among this project's sources of nodes
+    assert sum(full["files_per_layer"].values()) == pytest.approx(full["nodes_per_layer"])
+    assert full["files_per_layer"]["mindspore_ngd/curvature/inverse.py"] > 0
+    assert all(isinstance(s["kept_mb_per_layer"], float) for s in summary)
+    out = capsys.readouterr().out
+    assert "| kfac (lean graph) |" in out and "Nodes per layer by source file, kfac:" in out
+    with open(tmp_path / "graph_nodes.json", encoding="utf-8") as handle:
+        saved = json.load(handle)
+    assert saved["args"]["layers"] == [1, 2]
+    assert {r["what"] for r in saved["runs"]} == {"memory", "nodes"}
+    assert all(abs(r["loss"]) < 1e3 for r in saved["runs"] if r["what"] == "memory")
+
+
+@pytest.mark.parametrize("argv, message", [(["--layers", "4"], "two or more different"),
+                                           (["--layers", "4,4"], "two or more different"),
+                                           (["--layers", "0,4"], "two or more different"),
+                                           (["--layers", "a,b"], "two or more different"),
+                                           (["--optimizers", "adam"], "unknown"),
+                                           (["--width", "0"], "must be positive")])
+def test_bad_arguments_are_named(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        graph_nodes.main(argv)
+    assert message in capsys.readouterr().err
