@@ -11,6 +11,10 @@ so G (quadratic in them) is ``scale**2`` too large unless it is divided by the s
 with a bias also records, every step, the batch sum of its output gradient -- the bias gradient as
 the backward pass computed it, ``scale * b`` -- and the optimizer receives the unscaled bias gradient
 ``b / loss_scale`` (``loss_scale``: the optimizer's own fixed argument, for cells that do not unscale).
+When no preconditioned layer has a bias (the model zoo's THOR ResNet-50: convolutions without bias
+and a classifier without bias), the probe reads a BatchNorm layer instead (:class:`BatchNormScaleCapture`):
+the batch-and-position sum of the gradient reaching its output is its beta's gradient, ``scale * beta``
+as the backward pass computed it, against the unscaled beta gradient the optimizer receives.
 Their least-squares ratio ``<p, b> / <b, b>`` is the scale; it is snapped to ``loss_scale`` times the
 nearest power of two when within 1e-3 of it (every MindSpore loss-scale manager uses powers of two,
 and with no scaling the correction is then exactly 1, bit for bit). Distributed, the probe is averaged
@@ -21,9 +25,10 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
+from ..curvature import factors
 from .layer_types import layer_type_of
 
-__all__ = ["LossScaleProbe", "reference_layer"]
+__all__ = ["LossScaleProbe", "BatchNormScaleCapture", "reference_layer", "reference_batchnorm"]
 
 _SNAP_TOLERANCE = 1e-3
 _PARALLEL_TOLERANCE = 1e-2
@@ -39,6 +44,40 @@ def reference_layer(specs):
     return min(biased)[2] if biased else None
 
 
+def reference_batchnorm(specs, index):
+    """Position in ``specs`` (BatchNorm :class:`~mindspore_ngd.capture.discover.NormSpec`) of the layer the
+    probe reads when no preconditioned layer has a bias: the fewest channels (the cheapest sum), the first
+    of those; only a layer whose beta is among the optimizer's parameters (``index``: name -> position).
+    None when there is none."""
+    usable = [(s.channels, j) for j, s in enumerate(specs) if s.beta_name in index]
+    return min(usable)[1] if usable else None
+
+
+class BatchNormScaleCapture(nn.Cell):
+    """The loss-scale probe's record at a BatchNorm layer (see the module docstring): every training step,
+    the batch (and position) sum of the gradient reaching the layer's output, in ``grad_sum`` (C,).
+
+    Attached to the BatchNorm cell like a unit-wise capture (:func:`mindspore_ngd.capture.cells.attach`):
+    the captured class's training path calls :meth:`probe`, which returns the output unchanged with the
+    hook on it. ``grad_sum`` is scratch (not a Parameter of any cell, so not in checkpoints), written before
+    it is read in the same step, as the layers' batch buffers are.
+    """
+
+    def __init__(self, spec, prefix):
+        super().__init__(auto_prefix=False)
+        self.spec = spec
+        object.__setattr__(self, "grad_sum", Parameter(Tensor(np.zeros((spec.channels,), np.float32)),
+                                                       name=f"{prefix}.{spec.name}.grad_sum", requires_grad=False))
+        self.grad_hook = ops.InsertGradientOf(self.save_sum)
+
+    def save_sum(self, dy):
+        return ops.depend(dy, ops.assign(self.grad_sum, factors.output_sum(dy, dy.ndim == 4)))
+
+    def probe(self, x, y, gamma):
+        """The BatchNorm's training output ``y``, with the hook that records its gradient's sum."""
+        return self.grad_hook(y)
+
+
 class LossScaleProbe(nn.Cell):
     """Measures the loss scale of a step (see the module docstring).
 
@@ -46,8 +85,9 @@ class LossScaleProbe(nn.Cell):
     so use it; with THOR's trace probes, which unscale their G traces between captures, on every step.
 
     Args:
-        capture (LayerCapture): the reference layer's capture, built with ``sums_gradient=True``.
-        bias_index (int): position of that layer's bias among the optimizer's gradients.
+        capture (LayerCapture or BatchNormScaleCapture): the reference layer's capture (a LayerCapture built
+            with ``sums_gradient=True``), whose ``grad_sum`` the backward pass writes.
+        bias_index (int): position among the optimizer's gradients of that layer's bias (a BatchNorm's beta).
         loss_scale (float): the optimizer's fixed ``loss_scale`` argument.
         prefix (str): the optimizer's Parameter prefix.
     """
@@ -56,6 +96,7 @@ class LossScaleProbe(nn.Cell):
         super().__init__(auto_prefix=False)
         self.capture = capture
         self.bias_index = bias_index
+        self.size = int(capture.grad_sum.shape[0])          # the length of the recorded vector
         self.loss_scale = float(loss_scale)
         self.scale_seen = Parameter(Tensor(np.float32(loss_scale)), name=f"{prefix}.loss_scale_seen",
                                     requires_grad=False)

@@ -45,7 +45,7 @@ import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
 from ..capture import CaptureControl
-from ..capture.loss_scale import LossScaleProbe, reference_layer
+from ..capture.loss_scale import BatchNormScaleCapture, LossScaleProbe, reference_layer
 from ..parallel.exchange import DistributedExchange, LocalExchange
 from .counters import LayerCounters
 from .registry import BlockContext, block_type_of
@@ -88,9 +88,12 @@ class BlockDiagonalCurvature(nn.Cell):
         policy (Policy): the optimizer's policy (refresh rule, inversion, damping split, Fisher ...).
         loss_scale (float): the fixed loss scale.
         factor_decay (float): moving-average decay of the factors.
+        scale_norm (NormSpec): a BatchNorm layer (not preconditioned unit-wise) for the loss-scale probe
+            when no preconditioned layer has a bias, or None; the caller attaches its capture
+            (``capture_control.scale_probe.capture``) to that layer's cell.
     """
 
-    def __init__(self, specs, norm_specs, index, owned, comm, policy, loss_scale, factor_decay):
+    def __init__(self, specs, norm_specs, index, owned, comm, policy, loss_scale, factor_decay, scale_norm=None):
         super().__init__(auto_prefix=False)
         prefix = policy.name
         self.num_layers, self.num_norms = len(specs), len(norm_specs)
@@ -102,13 +105,11 @@ class BlockDiagonalCurvature(nn.Cell):
         self.damped_changes = bool(getattr(policy.refresh, "damped_changes", False))
         self.batchnorm_damping = policy.batchnorm_damping
         traces = getattr(policy.refresh, "trace_threshold", None) is not None
-        # the loss scale of each step is measured at one layer with a bias (capture/loss_scale.py); the
-        # Monte-Carlo step captures G in its own backward pass at its own fixed scale
+        # the loss scale of each step is measured at one layer with a bias, else at a BatchNorm layer
+        # (``scale_norm``; capture/loss_scale.py); the Monte-Carlo step captures G in its own backward pass
+        # at its own fixed scale
         reference = reference_layer(specs) if policy.fisher == "empirical" else None
         self.probe_layer = reference
-        # whether a probe measures the loss scale (compile-time): not without a layer with a bias, nor with
-        # fisher="mc"
-        self.measures_scale = reference is not None
         # every block is built by the block type of its layer's kind (curvature/registry.py)
         context = BlockContext(prefix, index, policy, loss_scale, traces)
         self.blocks = nn.CellList([block_type_of(s).build(s, context, mine, k == reference)
@@ -116,8 +117,16 @@ class BlockDiagonalCurvature(nn.Cell):
         self.norm_blocks = nn.CellList([block_type_of(s).build(s, context) for s in norm_specs], auto_prefix=False)
         self.norm_stack = UnitBatchNormStack(list(self.norm_blocks)) if norm_specs else None
         self.counters = LayerCounters(prefix, [s.name for s in specs], [s.name for s in norm_specs])
-        probe = None if reference is None else LossScaleProbe(self.blocks[reference].capture,
-                                                               self.blocks[reference].bias_index, loss_scale, prefix)
+        probe = None
+        if reference is not None:
+            probe = LossScaleProbe(self.blocks[reference].capture, self.blocks[reference].bias_index, loss_scale,
+                                   prefix)
+        elif scale_norm is not None and policy.fisher == "empirical":   # no bias: a BatchNorm's beta
+            probe = LossScaleProbe(BatchNormScaleCapture(scale_norm, prefix), index[scale_norm.beta_name],
+                                   loss_scale, prefix)
+        # whether a probe measures the loss scale (compile-time): not without a layer with a bias or a
+        # BatchNorm layer, nor with fisher="mc"
+        self.measures_scale = probe is not None
         self.capture_control = CaptureControl([b.capture for b in self.blocks], [b.capture for b in self.norm_blocks],
                                               probe, prefix)
         # the loss scale is measured on every step only for THOR's trace probes, which read it between
@@ -125,7 +134,7 @@ class BlockDiagonalCurvature(nn.Cell):
         self.probe_every_step = traces and comm is None
         self.exchange = LocalExchange() if comm is None else \
             DistributedExchange(comm, prefix, [s.channels for s in norm_specs],
-                                0 if probe is None else specs[reference].g_dim)
+                                0 if probe is None else probe.size)
         self.refresh_rule = policy.refresh.build(prefix, self.capture_control, self.blocks, self.counters,
                                                  self.exchange)
         self.factor_faults = Parameter(Tensor(0, ms.int32), name=f"{prefix}.factor_faults", requires_grad=False)

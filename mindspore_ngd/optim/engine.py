@@ -58,7 +58,7 @@ from ..curvature.state import FactorState, LayerCounts
 from ..parallel import comm as parallel_comm
 from ..schedule import as_schedule, as_unit_schedule
 from .groups import parse_groups
-from .layers import discover, parameter_roles, plain_layers
+from .layers import discover, parameter_roles, plain_layers, scale_batchnorm
 from .argdocs import shared_arguments
 from .policy import Policy, check_arguments, default_decay_filter, resolve_nesterov
 from .divergence import check_divergence_growth
@@ -201,8 +201,9 @@ class NGDOptimizer(Precondition, Inspection, Update, Guard, nn.Optimizer):
         # refresh counts: the curvature estimator (curvature/estimator.py), which folds and refreshes
         self.communicator = comm
         self.parallel_plan = None if comm is None else comm.plan
+        scale_norm, scale_cell = scale_batchnorm(network, norm_cells, index)
         self.curvature = BlockDiagonalCurvature(specs, norm_specs, index, owned, comm, policy, loss_scale,
-                                                factor_decay)
+                                                factor_decay, scale_norm)
         # the estimator's state under the optimizer's former attribute names, for host-side reads (plain
         # attributes: not registered a second time as the optimizer's own Cells and Parameters)
         for name in _FORMER_NAMES:
@@ -226,6 +227,9 @@ class NGDOptimizer(Precondition, Inspection, Update, Guard, nn.Optimizer):
                           divergence_growth, host_calls)
         attach(cells, [b.capture for b in blocks])
         attach(norm_cells, [b.capture for b in self.curvature.norm_blocks])
+        scale_probe = self.curvature.capture_control.scale_probe
+        if scale_probe is not None and self.curvature.probe_layer is None:     # the probe sits at a BatchNorm
+            attach([scale_cell], [scale_probe.capture])
         # the capturing cells, held outside the cell tree (not child cells of the optimizer): their
         # training flags are read when the step is compiled (graph mode) or called (PyNative)
         object.__setattr__(self, "_captured_cells", tuple(zip((s.name for s in specs), cells)))

@@ -2,8 +2,9 @@
 from mindspore import mint, nn
 
 from ..capture import find_batchnorms, find_layers
+from ..capture.loss_scale import reference_batchnorm
 
-__all__ = ["discover", "parameter_roles", "plain_layers", "NORM_CLASSES"]
+__all__ = ["discover", "parameter_roles", "plain_layers", "scale_batchnorm", "NORM_CLASSES"]
 
 _NORM_NAMES = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "LayerNorm", "LayerNormExt",
                "GroupNorm", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d")
@@ -38,6 +39,19 @@ def discover(network, skip_layers, unit_batchnorm):
         raise ValueError("network has no nn.Dense or nn.Conv2d layer that can be preconditioned"
                          + (f" (skipped: {skipped})" if skipped else ""))
     return specs, cells, norm_specs, norm_cells, skipped
+
+
+def scale_batchnorm(network, norm_cells, index):
+    """``(spec, cell)`` of the BatchNorm layer that carries the loss-scale probe when no preconditioned
+    layer has a bias (:func:`mindspore_ngd.capture.loss_scale.reference_batchnorm`: the fewest channels,
+    among the supported BatchNorm layers not preconditioned unit-wise, ``norm_cells``, whose beta is an
+    optimizer parameter, ``index``); ``(None, None)`` without one. The estimator uses it only when no
+    layer has a bias."""
+    specs, cells, _ = find_batchnorms(network)
+    taken = {id(cell) for cell in norm_cells}
+    free = [(spec, cell) for spec, cell in zip(specs, cells) if id(cell) not in taken]
+    chosen = reference_batchnorm([spec for spec, _ in free], index)
+    return (None, None) if chosen is None else free[chosen]
 
 
 def parameter_roles(params, specs, norm_specs):

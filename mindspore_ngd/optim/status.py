@@ -145,8 +145,8 @@ class DeviceStatus:
         skips the optimizer on a loss-scale overflow) leaves the statistics of the pass it keeps, which
         are right. That is told, on one device, by the loss-scale probe: the bias gradient received is
         parallel to the last pass's (:meth:`LossScaleProbe.measure`); a sum over micro-batches is not.
-        Without that test (no preconditioned layer with a bias, or distributed: the probe would need a
-        collective) the count alone decides; a pass counts only when its output gradient at the counting
+        Without that test (no probe: no preconditioned layer with a bias and no BatchNorm layer; or
+        distributed: the probe would need a collective) the count alone decides; a pass counts only when its output gradient at the counting
         layer is finite (an overflow seldom stays finite down to the first layer, which counts when no
         layer has a bias). A step driven by the Monte-Carlo Fisher step, which runs its own backward
         passes, is not checked."""

@@ -129,6 +129,34 @@ def _poisoned(i):
 OVERFLOW_STEP = 10
 
 
+class BiasFreeBNNet(BNNet):
+    """BNNet without a bias anywhere (as the model zoo's THOR ResNet-50: no convolution bias, a classifier
+    without bias): no preconditioned layer can carry the loss-scale probe, so it sits at the BatchNorm."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, pad_mode="same", has_bias=False)
+        self.fc = nn.Dense(4 * 5 * 5, 3, has_bias=False)
+
+
+def _dynamic_scale_run(kind, scaled, network=BNNet):
+    """20 steps of MindSpore's own loss-scale cell: with ``scaled`` its update cell doubles the scale after
+    every 4 good steps from 2^12 and halves it on the overflow of step 10, where the optimizer is not
+    called; without, the scale is 1. (state, optimizer, per-step (overflow, scale))."""
+    ms.set_seed(0)
+    net = network()
+    opt = _optimizer(kind, net)
+    sense = nn.DynamicLossScaleUpdateCell(loss_scale_value=2.0 ** 12, scale_factor=2, scale_window=4) \
+        if scaled else Tensor(np.float32(1.0))
+    step = GpuStyleLossScaleCell(nn.WithLossCell(net, CE), opt, sense)
+    step.set_train()
+    scales = []
+    for i in range(STEPS):
+        _, overflow, scale = step(*_poisoned(i))
+        scales.append((bool(overflow.asnumpy()), float(scale.asnumpy())))
+    return _state(net, opt), opt, scales
+
+
 @pytest.mark.parametrize("kind", ["kfac", pytest.param("spngd", marks=pytest.mark.slow),
                                   pytest.param("thor", marks=pytest.mark.slow)])
 def test_mindspore_dynamic_loss_scale_cell_matches_the_unscaled_run(kind):
@@ -161,6 +189,38 @@ def test_mindspore_dynamic_loss_scale_cell_matches_the_unscaled_run(kind):
         assert seen == scales[-1][1]
     else:                                # the scale of the last step that captured something
         assert seen in {scale for _, scale in scales} and seen > 2.0 ** 12
+
+
+@pytest.mark.parametrize("kind", ["kfac", pytest.param("thor", marks=pytest.mark.slow)])
+def test_without_any_bias_the_scale_is_measured_at_a_batchnorm_layer(kind):
+    """No layer has a bias: the probe reads the BatchNorm's beta gradient instead, and the dynamic scale
+    is unscaled as exactly as with a bias (before, G kept the scale's square: 2^24 and more)."""
+    reference, _, _ = _dynamic_scale_run(kind, False, BiasFreeBNNet)
+    scaled, opt, scales = _dynamic_scale_run(kind, True, BiasFreeBNNet)
+    assert [i for i, (overflow, _) in enumerate(scales) if overflow] == [OVERFLOW_STEP]
+    _compare(scaled, reference)
+    probe = opt.capture_control.scale_probe
+    assert probe is not None and opt.curvature.probe_layer is None
+    seen = float(probe.scale_seen.asnumpy())
+    assert seen in {scale for _, scale in scales} and seen > 2.0 ** 12
+
+
+def test_the_probe_sits_at_a_batchnorm_only_without_a_bias_and_outside_the_unit_wise_blocks():
+    from mindspore_ngd.capture.loss_scale import BatchNormScaleCapture
+    biased = ngd.KFAC(BNNet(), learning_rate=0.1, verbose=False)
+    assert biased.curvature.probe_layer is not None          # the classifier's bias, as before
+    assert not isinstance(biased.capture_control.scale_probe.capture, BatchNormScaleCapture)
+    net = BiasFreeBNNet()
+    bias_free = ngd.KFAC(net, learning_rate=0.1, verbose=False)
+    probe = bias_free.capture_control.scale_probe
+    assert isinstance(probe.capture, BatchNormScaleCapture) and probe.capture.spec.name == "bn"
+    assert bias_free.parameters[probe.bias_index].name == net.bn.beta.name and probe.size == 4
+    # SP-NGD preconditions the BatchNorm layer unit-wise: it is not free to carry the probe, and no other
+    # layer can, so only the fixed loss_scale is unscaled (as before)
+    assert ngd.SPNGD(BiasFreeBNNet(), learning_rate=0.1, verbose=False).capture_control.scale_probe is None
+    # the Monte-Carlo Fisher captures at its own scale: no probe
+    assert ngd.KFAC(BiasFreeBNNet(), learning_rate=0.1, fisher="mc", verbose=False).capture_control.scale_probe \
+        is None
 
 
 def test_fixed_loss_scale_of_the_optimizer_still_works():
