@@ -162,22 +162,8 @@ def _dynamic_scale_run(kind, scaled, network=BNNet):
 def test_mindspore_dynamic_loss_scale_cell_matches_the_unscaled_run(kind):
     """MindSpore's own cell and update cell: the scale doubles after every 4 good steps from 2^12 and
     halves on the overflow of step 10, where the optimizer is not called."""
-    def run(scaled):
-        ms.set_seed(0)
-        net = BNNet()
-        opt = _optimizer(kind, net)
-        sense = nn.DynamicLossScaleUpdateCell(loss_scale_value=2.0 ** 12, scale_factor=2, scale_window=4) \
-            if scaled else Tensor(np.float32(1.0))
-        step = GpuStyleLossScaleCell(nn.WithLossCell(net, CE), opt, sense)
-        step.set_train()
-        scales = []
-        for i in range(STEPS):
-            _, overflow, scale = step(*_poisoned(i))
-            scales.append((bool(overflow.asnumpy()), float(scale.asnumpy())))
-        return _state(net, opt), opt, scales
-
-    reference, ref_opt, _ = run(False)
-    scaled, opt, scales = run(True)
+    reference, ref_opt, _ = _dynamic_scale_run(kind, False)
+    scaled, opt, scales = _dynamic_scale_run(kind, True)
     assert [i for i, (overflow, _) in enumerate(scales) if overflow] == [OVERFLOW_STEP]
     assert len({scale for _, scale in scales}) >= 3              # rose and fell during the run
     _compare(scaled, reference)
