@@ -25,7 +25,6 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
-from ..curvature import factors
 from .layer_types import layer_type_of
 
 __all__ = ["LossScaleProbe", "BatchNormScaleCapture", "reference_layer", "reference_batchnorm"]
@@ -71,7 +70,9 @@ class BatchNormScaleCapture(nn.Cell):
         self.grad_hook = ops.InsertGradientOf(self.save_sum)
 
     def save_sum(self, dy):
-        return ops.depend(dy, ops.assign(self.grad_sum, factors.output_sum(dy, dy.ndim == 4)))
+        # every axis but the channels' (1): (B, C), (B, C, L) and (B, C, H, W) outputs alike
+        axes = tuple(axis for axis in range(dy.ndim) if axis != 1)
+        return ops.depend(dy, ops.assign(self.grad_sum, ops.cast(dy, ms.float32).sum(axis=axes)))
 
     def probe(self, x, y, gamma):
         """The BatchNorm's training output ``y``, with the hook that records its gradient's sum."""

@@ -146,10 +146,10 @@ class DeviceStatus:
         are right. That is told, on one device, by the loss-scale probe: the bias gradient received is
         parallel to the last pass's (:meth:`LossScaleProbe.measure`); a sum over micro-batches is not.
         Without that test (no probe: no preconditioned layer with a bias and no BatchNorm layer; or
-        distributed: the probe would need a collective) the count alone decides; a pass counts only when its output gradient at the counting
-        layer is finite (an overflow seldom stays finite down to the first layer, which counts when no
-        layer has a bias). A step driven by the Monte-Carlo Fisher step, which runs its own backward
-        passes, is not checked."""
+        distributed: the probe would need a collective) the count alone decides; a pass counts only when
+        its output gradient at the counting layer is finite (an overflow seldom stays finite down to the
+        first layer, which counts when no layer has a bias). A step driven by the Monte-Carlo Fisher step,
+        which runs its own backward passes, is not checked."""
         capture = None if self._pass_layer is None else self.curvature.blocks[self._pass_layer].capture
         if capture is None or self.curvature.capture_control.driver is not None:
             return ops.zeros((), ms.bool_), ops.zeros((), ms.float32)

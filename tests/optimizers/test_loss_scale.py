@@ -209,6 +209,24 @@ def test_the_probe_sits_at_a_batchnorm_only_without_a_bias_and_outside_the_unit_
         is None
 
 
+def test_the_batchnorm_probe_reads_a_batchnorm1d_on_dense_layers():
+    """Dense layers without bias around a BatchNorm1d: the probe sums the (B, C) output gradient, and a
+    fixed loss scale of 128 that the cell does not unscale is measured as 128."""
+    ms.set_seed(0)
+    net = nn.SequentialCell([nn.Dense(6, 8, has_bias=False), nn.BatchNorm1d(8), nn.ReLU(),
+                             nn.Dense(8, 3, has_bias=False)])
+    opt = ngd.KFAC(net, learning_rate=0.1, damping=1e-2, loss_scale=128.0, verbose=False)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, CE), opt, sens=128.0)
+    step.set_train()
+    probe = opt.capture_control.scale_probe
+    probe.scale_seen.set_data(Tensor(np.float32(7.0)))      # not a scale: the steps must measure it
+    rng = np.random.default_rng(0)
+    losses = [float(step(Tensor(rng.standard_normal((16, 6)).astype(np.float32)),
+                         Tensor(rng.integers(0, 3, 16).astype(np.int32))).asnumpy()) for _ in range(3)]
+    assert np.isfinite(losses).all(), losses
+    assert probe.capture.spec.channels == 8 and float(probe.scale_seen.asnumpy()) == 128.0
+
+
 def test_fixed_loss_scale_of_the_optimizer_still_works():
     """``FixedLossScaleManager(drop_overflow_update=False)``: the cell does not unscale, the optimizer's
     ``loss_scale`` does, and the measured scale is that constant."""
