@@ -238,17 +238,25 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None):
     cell = nn.TrainOneStepCell(nn.WithLossCell(net, task.loss()), opt)
     cell.set_train()
     rng = np.random.default_rng(seed)
-    curve, seconds, compile_s, diverged = [], 0.0, 0.0, None
+    curve, seconds, compile_s, diverged, stopped = [], 0.0, 0.0, None, None
+    note = ""
     for epoch in range(1, epochs + 1):
         batches = _batches(rng, x_train, y_train, task.batch_size)
         start = time.perf_counter()
-        if epoch == 1:                               # time the first step (graph compilation) alone
-            cell(*batches[0]).asnumpy()
-            first = time.perf_counter() - start
-            rest_start = time.perf_counter()
-        for batch in batches[1:] if epoch == 1 else batches:
-            loss = cell(*batch)
-        loss.asnumpy()                               # wait for the last step
+        try:
+            if epoch == 1:                           # time the first step (graph compilation) alone
+                cell(*batches[0]).asnumpy()
+                first = time.perf_counter() - start
+                rest_start = time.perf_counter()
+            for batch in batches[1:] if epoch == 1 else batches:
+                loss = cell(*batch)
+            loss.asnumpy()                           # wait for the last step
+        except RuntimeError as error:                # the optimizer's divergence stop ends this run only
+            if not ngd.is_divergence(error):
+                raise
+            diverged, stopped = epoch, str(error).split("#dmsg#")[0].strip().splitlines()[0]
+            note = "stopped: " + stopped
+            break
         epoch_s = time.perf_counter() - start
         if epoch == 1:
             steady = (time.perf_counter() - rest_start) / max(len(batches) - 1, 1)
@@ -271,7 +279,7 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None):
         progress.close(len(curve), note + (f"  diverged at epoch {diverged}" if diverged else ""))
     counters = opt.state_counters() if hasattr(opt, "state_counters") else None   # refreshes, faults
     return {"optimizer": optimizer, "lr": lr, "damping": damping, "seed": seed, "compile_s": compile_s,
-            "steps_per_epoch": len(x_train) // task.batch_size, "diverged_epoch": diverged,
+            "steps_per_epoch": len(x_train) // task.batch_size, "diverged_epoch": diverged, "stopped": stopped,
             "init_checksum": init_checksum, "counters": counters, "curve": curve}
 
 
@@ -359,6 +367,12 @@ def _first_reaching(curve, key, target, higher):
     return None
 
 
+def _final_train_loss(run):
+    """The training loss after the last epoch a run completed; NaN for a run the optimizer stopped in its
+    first epoch (no epoch completed)."""
+    return run["curve"][-1]["train_loss"] if run["curve"] else float("nan")
+
+
 def summarize(task, runs):
     """Grid table rows, the best grid point per optimizer, targets and time-to-target statistics."""
     higher = task.higher_is_better
@@ -373,7 +387,7 @@ def summarize(task, runs):
                  for run in group]
         grid.append({"optimizer": name, "lr": lr, "damping": damping, "seeds": len(group),
                      "best_metric": _stats(bests), "mean_metric": _stats(means),
-                     "final_train_loss": _stats([run["curve"][-1]["train_loss"] for run in group]),
+                     "final_train_loss": _stats([_final_train_loss(run) for run in group]),
                      "diverged_runs": sum(run["diverged_epoch"] is not None for run in group)})
         if task.target is not None:
             hits = [_first_reaching(run["curve"], task.metric, task.target, higher) for run in group]
@@ -427,7 +441,7 @@ def summarize(task, runs):
             per_seed.append({
                 "seed": run["seed"], "target": target,
                 "best_metric": _best([r[task.metric] for r in run["curve"]], higher),
-                "final_train_loss": run["curve"][-1]["train_loss"],
+                "final_train_loss": _final_train_loss(run),
                 "epochs_to_target": hit["epoch"] if hit else math.inf,
                 "seconds_to_target": hit["seconds"] if hit else math.inf,
                 "seconds_to_target_excl_compile": hit["seconds_excl_compile"] if hit else math.inf,
