@@ -30,6 +30,16 @@ def save_results(out_dir, name, payload):
     return path
 
 
+def positive_ints(text):
+    """The comma-separated integers of a command-line option's value, or ``[]`` when any of them is not
+    an integer >= 1 (the caller names the option and what it needs)."""
+    try:
+        values = [int(n) for n in text.split(",")]
+    except ValueError:
+        return []
+    return values if values and min(values) >= 1 else []
+
+
 def parse_names(parser, option, text, allowed, all_value=None):
     """The comma-separated names of a command-line option, each among ``allowed`` and none repeated
     (``all`` gives ``all_value`` when that is set); ``parser.error`` names the option otherwise."""

@@ -29,7 +29,7 @@ import collections
 import os
 import time
 
-from . import ROOT, child_error, parse_names, print_result, run_child, save_results
+from . import ROOT, child_error, parse_names, positive_ints, print_result, run_child, save_results
 from .memory import OPTIMIZERS, trimmed_rss_mb
 
 _PROJECT = ROOT.rstrip(os.sep) + os.sep
@@ -163,11 +163,8 @@ def parse(argv=None):
     args = parser.parse_args(argv)
     args.optimizers = parse_names(parser, "--optimizers", args.optimizers, OPTIMIZERS)
     text = args.layers
-    try:
-        args.layers = [int(n) for n in text.split(",")]
-    except ValueError:
-        args.layers = []
-    if not args.layers or min(args.layers) < 1 or (not args.worker and len(set(args.layers)) < 2):
+    args.layers = positive_ints(text)
+    if not args.layers or (not args.worker and len(set(args.layers)) < 2):
         parser.error(f"--layers: give two or more different positive layer counts, got {text!r}")
     if args.width < 1 or args.top < 1:
         parser.error(f"--width and --top must be positive, got {args.width} and {args.top}")

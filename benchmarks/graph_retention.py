@@ -18,7 +18,7 @@ Results are printed as a Markdown table and saved as JSON (:func:`benchmarks.sav
 import argparse
 import os
 
-from . import child_error, print_result, run_child, save_results
+from . import child_error, positive_ints, print_result, run_child, save_results
 from .memory import trimmed_rss_mb
 
 OPS = ("add", "logical_and", "matmul")
@@ -111,10 +111,10 @@ def parse(argv=None):
 
 def main(argv=None):
     args = parse(argv)
-    sizes = [int(n) for n in args.sizes.split(",")]
+    sizes = positive_ints(args.sizes)
     if args.worker:
         return worker(args.worker, sizes[0], args.loop)
-    if len(sizes) < 2 or min(sizes) < 1:
+    if len(sizes) < 2:
         raise SystemExit(f"--sizes: give two or more positive node counts, got {args.sizes!r}")
     ops = [op.strip() for op in args.ops.split(",")]
     unknown = sorted(set(ops) - set(OPS))

@@ -25,7 +25,7 @@ import time
 
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 
-from . import child_error, print_result, run_child, save_results  # noqa: E402
+from . import child_error, positive_ints, print_result, run_child, save_results  # noqa: E402
 from .memory import trimmed_rss_mb  # noqa: E402
 
 FORMS = ("unrolled", "rolled")
@@ -134,11 +134,8 @@ def parse(argv=None):
 
 def main(argv=None):
     args = parse(argv)
-    try:
-        counts = [int(n) for n in args.counts.split(",")]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 1:
+    counts = positive_ints(args.counts)
+    if not counts:
         raise SystemExit(f"--counts: give positive factor counts, got {args.counts!r}")
     if args.dim < 2:
         raise SystemExit(f"--dim: the factor size must be at least 2, got {args.dim}")

@@ -22,6 +22,7 @@ def test_each_chain_computes_its_value_and_is_tabled(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [(["--sizes", "20"], "two or more positive"),
                                            (["--sizes", "0,20"], "two or more positive"),
+                                           (["--sizes", "a,20"], "two or more positive"),
                                            (["--ops", "conv"], "unknown")])
 def test_bad_arguments_are_named(argv, message):
     with pytest.raises(SystemExit, match=message):
