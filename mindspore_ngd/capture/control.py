@@ -82,7 +82,15 @@ class CaptureControl(nn.Cell):
         return self.flags[k], self.flags[self.layers + k]
 
     def norm_flag(self, j):
+        """Capture the Fisher of BatchNorm layer ``j``? (this step)"""
         return self.flags[2 * self.layers + j]
+
+    def norm_flags(self):
+        """Every BatchNorm layer's flag, in order (a tuple)."""
+        flags = ()
+        for j in range(self.statistics - 2 * self.layers):
+            flags += (self.norm_flag(j),)
+        return flags
 
     def set_all(self, due):
         """Capture every statistic next step, or none (a bool scalar)."""

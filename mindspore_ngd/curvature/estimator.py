@@ -4,8 +4,12 @@ kept apart from the optimizer that uses their inverses.
 :class:`BlockDiagonalCurvature` owns
 - the blocks (:class:`~mindspore_ngd.curvature.kronecker.KroneckerBlock` per Dense/Conv2d layer,
   :class:`~mindspore_ngd.curvature.unitwise.UnitBatchNormBlock` per unit-wise BatchNorm layer), each
-  built by the block type registered for its layer's kind (:mod:`mindspore_ngd.curvature.registry`);
-  the two families still run as two lanes (``blocks``, ``norm_blocks``) through the steps below;
+  built by the block type registered for its layer's kind (:mod:`mindspore_ngd.curvature.registry`),
+  and run in two groups, one per family: the Kronecker blocks layer by layer
+  (:class:`~mindspore_ngd.curvature.kronecker_group.KroneckerGroup`, ``layer_group``), the unit-wise
+  blocks all at once (:class:`~mindspore_ngd.curvature.unitwise.UnitWiseGroup`, ``norm_group``). A
+  group reads, folds, writes (and, Kronecker, re-inverts) its blocks; the estimator hands each group
+  its part of the step state and adds up what they did;
 - their counters (:class:`~mindspore_ngd.curvature.counters.LayerCounters`) and capture flags
   (:class:`~mindspore_ngd.capture.CaptureControl`, with the loss-scale probe);
 - the exchange of their statistics between ranks (:mod:`mindspore_ngd.parallel.exchange`);
@@ -49,31 +53,11 @@ from ..capture.loss_scale import BatchNormScaleCapture, LossScaleProbe, referenc
 from ..parallel.exchange import DistributedExchange, LocalExchange
 from .counters import LayerCounters
 from .registry import BlockContext, block_type_of
-from .state import FactorState, FoldOutcome, LayerCounts, factor_state, fold_outcome, idle_outcome, inverse_state
-from .unitwise import UnitBatchNormStack
+from .kronecker_group import KroneckerGroup
+from .state import FactorState, factor_state, inverse_state
+from .unitwise import UnitWiseGroup
 
 __all__ = ["BlockDiagonalCurvature"]
-
-
-def _fold_totals(state, outcomes, demoted, track):
-    """What the layers' folds add up to: (counts in :class:`~mindspore_ngd.curvature.state.LayerCounts`'
-    order, the factor fault count, per-layer flags 'A or G was taken', the A and G changes or -1), from
-    the stored factor ``state``, each layer's outcome and the demoted flags after this step."""
-    refreshed, took_a, took_g, rejected, a_changes, g_changes = (), (), (), (), (), ()
-    for outcome in outcomes:
-        took_a += (outcome[FoldOutcome.TOOK_A],)
-        took_g += (outcome[FoldOutcome.TOOK_G],)
-        rejected += (outcome[FoldOutcome.REJECTED_A] + outcome[FoldOutcome.REJECTED_G],)
-        refreshed += (ops.logical_or(outcome[FoldOutcome.TOOK_A] > 0.5, outcome[FoldOutcome.TOOK_G] > 0.5),)
-        if track:
-            a_changes += (outcome[FoldOutcome.CHANGE_A],)
-            g_changes += (outcome[FoldOutcome.CHANGE_G],)
-    stored_counts = state[FactorState.COUNTS]
-    counts = (stored_counts[LayerCounts.A_UPDATES] + ops.cast(ops.stack(took_a) > 0.5, ms.int32),
-              stored_counts[LayerCounts.G_UPDATES] + ops.cast(ops.stack(took_g) > 0.5, ms.int32), demoted)
-    faults = state[FactorState.FAULTS] + ops.cast(ops.reduce_sum(ops.stack(rejected)) + 0.5, ms.int32)
-    changes = ops.stack(a_changes + g_changes) if track else -ops.ones((1,), ms.float32)
-    return counts, faults, refreshed, changes
 
 
 class BlockDiagonalCurvature(nn.Cell):
@@ -114,8 +98,11 @@ class BlockDiagonalCurvature(nn.Cell):
         context = BlockContext(prefix, index, policy, loss_scale, traces)
         self.blocks = nn.CellList([block_type_of(s).build(s, context, mine, k == reference)
                                    for k, (s, mine) in enumerate(zip(specs, owned))], auto_prefix=False)
-        self.norm_blocks = nn.CellList([block_type_of(s).build(s, context) for s in norm_specs], auto_prefix=False)
-        self.norm_stack = UnitBatchNormStack(list(self.norm_blocks)) if norm_specs else None
+        # the unit-wise blocks, run as one group (None without unit-wise BatchNorm layers); changes are
+        # measured against the damped 2x2 blocks under a rule that asks for it (SP-NGD's)
+        self.norm_group = UnitWiseGroup([block_type_of(s).build(s, context) for s in norm_specs], factor_decay,
+                                        self.track_changes, self.batchnorm_damping if self.damped_changes else None) \
+            if norm_specs else None
         self.counters = LayerCounters(prefix, [s.name for s in specs], [s.name for s in norm_specs])
         probe = None
         if reference is not None:
@@ -129,6 +116,9 @@ class BlockDiagonalCurvature(nn.Cell):
         self.measures_scale = probe is not None
         self.capture_control = CaptureControl([b.capture for b in self.blocks], [b.capture for b in self.norm_blocks],
                                               probe, prefix)
+        # the Kronecker blocks, run layer by layer as one group
+        self.layer_group = KroneckerGroup(self.blocks, self.capture_control, factor_decay, policy.refresh.per_layer,
+                                          self.track_changes)
         # the loss scale is measured on every step only for THOR's trace probes, which read it between
         # folds (on a single device); otherwise in the fold's branch, on the steps whose statistics use it
         self.probe_every_step = traces and comm is None
@@ -141,6 +131,12 @@ class BlockDiagonalCurvature(nn.Cell):
         self.inverse_faults = Parameter(Tensor(0, ms.int32), name=f"{prefix}.inverse_faults", requires_grad=False)
         self.inverse_refreshes = Parameter(Tensor(0, ms.int32), name=f"{prefix}.inverse_refreshes",
                                            requires_grad=False)
+
+    @property
+    def norm_blocks(self):
+        """The unit-wise BatchNorm blocks, in order (host side; the step reaches them through
+        ``norm_group``)."""
+        return () if self.norm_group is None else tuple(self.norm_group.blocks)
 
     # ------------------------------------------------------------------ the capture
     def capturing(self):
@@ -165,27 +161,17 @@ class BlockDiagonalCurvature(nn.Cell):
     # ------------------------------------------------------------------ the fold
     def nothing_folded(self):
         """(per-layer flags 'refreshed', relative changes) of a step that folds nothing: all False, -1."""
-        flags = ()
-        for _ in range(self.num_layers):
-            flags += (ops.zeros((), ms.bool_),)
-        return flags, -ops.ones((len(self.statistic_names) if self.track_changes else 1,), ms.float32)
+        return self.layer_group.nothing_folded(), \
+            -ops.ones((len(self.statistic_names) if self.track_changes else 1,), ms.float32)
 
     def stored_factors(self):
         """The factor state as stored (:class:`~mindspore_ngd.curvature.state.FactorState`): per layer
         (A, G), the counts and demoted flags, the factor fault count[, per BatchNorm layer F, F counts]."""
-        layers, norms = self._layer_factors(), ()
+        layers = self.layer_group.factors()
         if not self.num_norms:
             return factor_state(layers, self.counters.factor_counts(), self.factor_faults)
-        for block in self.norm_blocks:
-            norms += (block.factors(),)
-        return factor_state(layers, self.counters.factor_counts(), self.factor_faults, norms, self.counters.f_updates)
-
-    def _layer_factors(self):
-        """Every layer's (A, G) as stored (read after any write before it)."""
-        layers = ()
-        for block in self.blocks:
-            layers += (block.factors(),)
-        return layers
+        return factor_state(layers, self.counters.factor_counts(), self.factor_faults, self.norm_group.fishers(),
+                            self.counters.f_updates)
 
     def _read_back(self, state):
         """``state`` with every layer's (A, G) read back from its Parameters after their writes: what
@@ -193,7 +179,7 @@ class BlockDiagonalCurvature(nn.Cell):
         norms = norm_counts = None
         if self.num_norms:
             norms, norm_counts = state[FactorState.NORM_FISHERS], state[FactorState.NORM_COUNTS]
-        return factor_state(self._layer_factors(), state[FactorState.COUNTS], state[FactorState.FAULTS], norms,
+        return factor_state(self.layer_group.factors(), state[FactorState.COUNTS], state[FactorState.FAULTS], norms,
                             norm_counts)
 
     def folded(self, state, finite, gradients, scale, damping):
@@ -212,15 +198,8 @@ class BlockDiagonalCurvature(nn.Cell):
         buffers, before any reduction, so every rank decides alike (the capture runs the same graph on
         every rank) without a collective."""
         token = finite
-        a_batches, g_batches, f_batches, unseen = (), (), (), ()
-        for k in range(self.num_layers):
-            a_batch, g_batch = self.blocks[k].batch(token)
-            take_a, take_g = self.capture_control.layer_flags(k)
-            unseen += (self.blocks[k].unseen(a_batch, g_batch, take_a, take_g),)
-            a_batches += (a_batch,)
-            g_batches += (g_batch,)
-        for block in self.norm_blocks:
-            f_batches += (block.batch(token),)
+        f_batches = self.norm_group.batches(token) if self.num_norms else ()
+        a_batches, g_batches, unseen = self.layer_group.batches(token)
         probe = self.capture_control.scale_probe
         extra = None if probe is None else probe.probe(token)
         a_batches, g_batches, f_batches, token, extra = self.exchange.reduce_statistics(
@@ -237,32 +216,13 @@ class BlockDiagonalCurvature(nn.Cell):
         track = self.track_changes
         # what the changes are measured against (StaleIntervals.measure): the damped statistics, or None
         fold_damping = damping if self.damped_changes else None
-        zero = ops.zeros((), ms.float32)
-        stored_counts = state[FactorState.COUNTS]
-        demoted = ops.logical_or(stored_counts[LayerCounts.DEMOTED], ops.stack(unseen))
-        demoted_each = ops.unstack(demoted)
-        a_each = ops.unstack(stored_counts[LayerCounts.A_UPDATES])
-        g_each = ops.unstack(stored_counts[LayerCounts.G_UPDATES])
-        # a rank that does not own the layer contributes zeros to the agreement
-        absent = fold_outcome(zero, zero, zero, zero, (zero, zero) if track else None)
-        stored = state[FactorState.LAYERS]
-        folded, outcomes = (), ()
-        for k in range(self.num_layers):
-            block = self.blocks[k]
-            a, g = stored[k]
-            outcome = absent
-            if block.owned:
-                a, g, outcome = self._fold_taken(block, stored[k], (a_each[k], g_each[k]), (a_batches[k], g_batches[k]),
-                                                 self.capture_control.layer_flags(k), demoted_each[k], finite, track,
-                                                 fold_damping)
-            folded += ((a, g),)
-            outcomes += (outcome,)
+        folded, outcomes, demoted = self.layer_group.folded(state, a_batches, g_batches, unseen, finite, fold_damping)
         # what each statistic's fold did, made identical on every rank (distributed: the owners' outcome)
         outcomes = self.exchange.agree(outcomes, token)
-        counts, faults, refreshed, changes = _fold_totals(state, outcomes, demoted, track)
+        counts, faults, refreshed, changes = self.layer_group.totals(state, outcomes, demoted)
         if not self.num_norms:
             return factor_state(folded, counts, faults), refreshed, changes, scale
-        norms, norm_counts, norm_faults, norm_changes = self._fold_norms(state, f_batches, finite, track)
+        norms, norm_counts, norm_faults, norm_changes = self._fold_norms(state, f_batches, finite)
         if track:
             changes = ops.concat((changes, norm_changes))
         return factor_state(folded, counts, faults + norm_faults, norms, norm_counts), refreshed, changes, scale
@@ -296,42 +256,20 @@ class BlockDiagonalCurvature(nn.Cell):
             scale = self._scale_when(capturing, token, gradients, finite, scale)
         track = self.track_changes
         fold_damping = damping if self.damped_changes else None
-        stored_counts = state[FactorState.COUNTS]
-        was_demoted = stored_counts[LayerCounts.DEMOTED]
-        was_each = ops.unstack(was_demoted)
-        a_each = ops.unstack(stored_counts[LayerCounts.A_UPDATES])
-        g_each = ops.unstack(stored_counts[LayerCounts.G_UPDATES])
-        idle = idle_outcome(track)
-        stored = state[FactorState.LAYERS]
-        outcomes, unseen = (), ()
-        after = None
-        for k in range(self.num_layers):
-            block = self.blocks[k]
-            a, g = stored[k]
-            if after is not None:          # one layer's fold at a time, after the last write
-                a, g = ops.depend(a, after), ops.depend(g, after)
-            outcome, unseen_here = idle, ops.zeros((), ms.bool_)
-            if capturing:
-                a, g, outcome, unseen_here = self._fold_layer(k, (a, g), (a_each[k], g_each[k]), was_each[k], token,
-                                                              scale, track, fold_damping)
-            after = block.write_factors((a, g))
-            outcomes += (outcome,)
-            unseen += (unseen_here,)
-        counts, faults, refreshed, changes = _fold_totals(state, outcomes,
-                                                          ops.logical_or(was_demoted, ops.stack(unseen)), track)
+        outcomes, demoted = self.layer_group.folded_and_written(state, capturing, token, scale, fold_damping)
+        counts, faults, refreshed, changes = self.layer_group.totals(state, outcomes, demoted)
         self.counters.write_factor_counts(counts)
         norms = norm_counts = None
         if self.num_norms:
-            norms, norm_counts, norm_faults, norm_changes = self._norms_when(capturing, state, finite, token, scale,
-                                                                             track)
-            for j in range(self.num_norms):
-                self.norm_blocks[j].write_factors(norms[j])
+            norms, norm_counts, norm_faults, norm_changes = self._norms_when(capturing, state, finite, token, scale)
+            self.norm_group.write(norms)
             self.counters.write_norm_counts(norm_counts)
             faults = faults + norm_faults
             if track:
                 changes = ops.concat((changes, norm_changes))
         ops.assign(self.factor_faults, faults)
-        return self._read_back(factor_state(stored, counts, faults, norms, norm_counts)), refreshed, changes, scale
+        return self._read_back(factor_state(state[FactorState.LAYERS], counts, faults, norms, norm_counts)), \
+            refreshed, changes, scale
 
     def _scale_when(self, capturing, token, gradients, finite, scale):
         """The loss scale the probe measures on a capture step (a branch), else ``scale``."""
@@ -340,82 +278,32 @@ class BlockDiagonalCurvature(nn.Cell):
             scale = probe.scale_after(probe.probe(token), gradients, finite, scale)
         return scale
 
-    def _norms_when(self, capturing, state, finite, token, scale, track):
+    def _norms_when(self, capturing, state, finite, token, scale):
         """On a capture step (a branch): every unit-wise BatchNorm layer's batch, unscaled, folded by
         :meth:`_fold_norms`; else the stored Fishers and counts, no fault and no change."""
         norms, norm_counts = state[FactorState.NORM_FISHERS], state[FactorState.NORM_COUNTS]
-        norm_faults, norm_changes = ops.zeros((), ms.int32), -ops.ones((self.num_norms,), ms.float32)
+        norm_faults, norm_changes = self.norm_group.unchanged()
         if capturing:
             probe = self.capture_control.scale_probe
-            f_batches = ()
-            for block in self.norm_blocks:
-                f_batch = block.batch(token)
-                f_batches += (f_batch if probe is None else f_batch * probe.correction(scale),)
-            norms, norm_counts, norm_faults, norm_changes = self._fold_norms(state, f_batches, finite, track)
+            correction = None if probe is None else probe.correction(scale)
+            norms, norm_counts, norm_faults, norm_changes = self._fold_norms(
+                state, self.norm_group.batches(token, correction), finite)
         return norms, norm_counts, norm_faults, norm_changes
 
-    def _fold_layer(self, k, stored, updates, was_demoted, token, scale, track, fold_damping):
-        """Layer ``k``'s fold on one device on a capture step (a branch of :meth:`folded_and_stored`):
-        (new A, new G, outcome, whether the capture shows the layer unseen)."""
-        block = self.blocks[k]
-        flags = self.capture_control.layer_flags(k)
-        a_batch, g_batch = block.batch(token)
-        unseen = block.unseen(a_batch, g_batch, flags[0], flags[1])
-        probe = self.capture_control.scale_probe
-        if probe is not None:
-            g_batch = g_batch * probe.correction(scale)
-        a, g, outcome = self._fold_taken(block, stored, updates, (a_batch, g_batch), flags,
-                                         ops.logical_or(was_demoted, unseen), token, track, fold_damping)
-        return a, g, outcome, unseen
-
-    def _fold_taken(self, block, stored, updates, batches, flags, demoted, finite, track, fold_damping):
-        """One owned layer's fold of its (unscaled) batch ``batches`` = (A, G) into ``stored`` = (A, G),
-        each statistic taken when its capture flag in ``flags`` is set, the layer is not ``demoted`` and
-        the step is ``finite``: (new A, new G, outcome). With per-statistic intervals (a per-layer
-        refresh rule, SP-NGD's) most steps fold a few layers, so the fold is a run-time branch of its
-        own, like the per-layer inversions."""
-        keep = ops.logical_and(ops.logical_not(demoted), finite)
-        take_a, take_g = ops.logical_and(flags[0], keep), ops.logical_and(flags[1], keep)
-        a_batch, g_batch = batches
-        if not self.refresh_rule.per_layer:
-            return block.fold(stored, updates, a_batch, g_batch, take_a, take_g, self.factor_decay, track,
-                              fold_damping)
-        a, g = stored
-        outcome = idle_outcome(track)
-        if ops.logical_or(take_a, take_g):
-            a, g, outcome = block.fold(stored, updates, a_batch, g_batch, take_a, take_g, self.factor_decay, track,
-                                       fold_damping)
-        return a, g, outcome
-
-    def _fold_norms(self, state, f_batches, finite, track):
-        """Every unit-wise BatchNorm layer's fold of its (unscaled) batch in ``f_batches``: (new Fishers,
-        new counts as a vector, rejected count, changes as a vector or -1s)."""
-        norm_damping = self.batchnorm_damping if self.damped_changes else None
-        fishers, f_each = state[FactorState.NORM_FISHERS], ops.unstack(state[FactorState.NORM_COUNTS])
-        norms, norm_counts, norm_changes = (), (), ()
-        faults = ops.zeros((), ms.int32)
-        for j in range(self.num_norms):
-            fisher, count, bad, change = self.norm_blocks[j].fold(
-                fishers[j], f_each[j], f_batches[j], ops.logical_and(self.capture_control.norm_flag(j), finite),
-                self.factor_decay, track, norm_damping)
-            norms += (fisher,)
-            norm_counts += (count,)
-            norm_changes += (change,)
-            faults = faults + bad
-        changes = ops.stack(norm_changes) if track else -ops.ones((self.num_norms,), ms.float32)
-        return norms, ops.stack(norm_counts), faults, changes
+    def _fold_norms(self, state, f_batches, finite):
+        """Every unit-wise BatchNorm layer's fold of its (unscaled) batch in ``f_batches``, by the group,
+        each under its capture flag: (new Fishers, new counts as a vector, rejected count, changes as a
+        vector or -1s)."""
+        return self.norm_group.folded(state[FactorState.NORM_FISHERS], state[FactorState.NORM_COUNTS], f_batches,
+                                      self.capture_control.norm_flags(), finite)
 
     def store_factors(self, state):
         """Write the factor state (:meth:`folded`'s) to the Parameters, in the main graph."""
-        layers = state[FactorState.LAYERS]
-        for k in range(self.num_layers):
-            self.blocks[k].write_factors(layers[k])
+        self.layer_group.write(state[FactorState.LAYERS])
         self.counters.write_factor_counts(state[FactorState.COUNTS])
         ops.assign(self.factor_faults, state[FactorState.FAULTS])
         if self.num_norms:
-            fishers = state[FactorState.NORM_FISHERS]
-            for j in range(self.num_norms):
-                self.norm_blocks[j].write_factors(fishers[j])
+            self.norm_group.write(state[FactorState.NORM_FISHERS])
             self.counters.write_norm_counts(state[FactorState.NORM_COUNTS])
 
     # ------------------------------------------------------------------ the refresh
@@ -436,9 +324,7 @@ class BlockDiagonalCurvature(nn.Cell):
         """The inverse state as stored (:class:`~mindspore_ngd.curvature.state.InverseState`): per layer
         (A inverse, G inverse), the has-inverse flags, the inverse fault count[, when distributed, the
         per-layer inversion counts of this step, zero]."""
-        layers = ()
-        for block in self.blocks:
-            layers += (block.inverses(),)
+        layers = self.layer_group.inverses()
         inversions = ops.zeros((self.num_layers,), ms.int32) if self.exchange.distributed else None
         return inverse_state(layers, self.counters.has_inverse, self.inverse_faults, inversions)
 
@@ -459,27 +345,8 @@ class BlockDiagonalCurvature(nn.Cell):
         if layers is not None:
             ready = ops.logical_and(ready, ops.stack(layers))
         ready, trusted = ops.unstack(ready), ops.unstack(self.counters.has_inverse)
-        faults, taken, counts = self.inverse_faults, (), ()
-        after = None
-        stored_factors = factors[FactorState.LAYERS]
-        for k in range(self.num_layers):
-            block = self.blocks[k]
-            take, inverted = ops.zeros((), ms.bool_), ops.zeros((), ms.int32)
-            if block.owned:
-                a_factor, g_factor = stored_factors[k]
-                if after is not None:          # one layer's inversion at a time, after the last write
-                    a_factor, g_factor = ops.depend(a_factor, after), ops.depend(g_factor, after)
-                go = ops.logical_and(due, ready[k]) if self.refresh_rule.per_layer else due
-                a_inv, g_inv = block.inverses()
-                fault = ops.zeros((), ms.int32)
-                if go:
-                    a_inv, g_inv, take, fault = block.refreshed((a_factor, g_factor), ready[k], damping,
-                                                                (a_inv, g_inv), trusted[k])
-                inverted = ops.cast(go, ms.int32)
-                faults = faults + fault
-                after = block.write_inverses((a_inv, g_inv))
-            taken += (take,)
-            counts += (inverted,)
+        faults, taken, counts, after = self.layer_group.refreshed(factors[FactorState.LAYERS], damping, ready, trusted,
+                                                                  due, self.inverse_faults)
         has = ops.logical_or(self.counters.has_inverse, ops.stack(taken))
         faults = ops.depend(faults, after)
         self.counters.write_has_inverse(has)

@@ -14,7 +14,13 @@ kind           block type                      block
 =============  ==============================  =====================================================
 
 :class:`~.estimator.BlockDiagonalCurvature` builds every block through :func:`block_type_of`, and
-the benchmarks' cost model reads a layer's FLOPs from it. The batch-statistic formulas of the
+the benchmarks' cost model reads a layer's FLOPs from it. Each family's blocks run in the group of that
+family: the Kronecker blocks layer by layer in :class:`~.kronecker_group.KroneckerGroup` (any block
+with two statistics A and G, their capture flags and update counts, and a pair of inverses fits it:
+``factors``, ``batch``, ``unseen``, ``fold``, ``write_factors``, ``inverses``, ``refreshed``,
+``write_inverses``, ``gradient``, ``precondition``), the unit-wise blocks all at once in
+:class:`~.unitwise.UnitWiseGroup` (one statistic per layer, (C, 3) per channel: ``factors``,
+``batch``, ``fold``, ``write_factors``). The batch-statistic formulas of the
 Kronecker kinds (A, G, their traces) stay with the capture, in the layer-type registry of
 :mod:`mindspore_ngd.capture.layer_types`; a new kind of layer is registered in both: its
 :class:`~mindspore_ngd.capture.layer_types.LayerType` (what to capture) and here (which block keeps

@@ -6,7 +6,7 @@ the other BatchNorm layers' in :class:`~mindspore_ngd.curvature.counters.LayerCo
 cell probes the per-example gradients inside the network (see
 :class:`mindspore_ngd.capture.NormCapture`). The natural gradient is the closed-form
 ``(F_c + damping I)^-1 [g_gamma, g_beta]``, computed for every BatchNorm layer at once by
-:class:`UnitBatchNormStack`.
+:class:`UnitWiseGroup`, which also folds and writes every BatchNorm layer's Fisher.
 """
 import numpy as np
 
@@ -17,7 +17,7 @@ from ..capture import NormCapture
 from .factors import unit_natural_gradient
 from .statistics import fold_statistic
 
-__all__ = ["UnitBatchNormBlock", "UnitBatchNormStack", "unit_damped_square_norm"]
+__all__ = ["UnitBatchNormBlock", "UnitWiseGroup", "unit_damped_square_norm"]
 
 _DIAGONAL = Tensor(np.array([1.0, 0.0, 1.0], np.float32))      # F00, F01, F11: the 2x2 blocks' diagonal
 
@@ -68,20 +68,40 @@ class UnitBatchNormBlock(nn.Cell):
         ops.assign(self.fisher, fisher)
 
 
-class UnitBatchNormStack(nn.Cell):
-    """The unit-wise natural gradient of every BatchNorm layer at once.
+class UnitWiseGroup(nn.Cell):
+    """Every unit-wise BatchNorm block of one optimizer, run as one group.
+
+    The estimator (:class:`~mindspore_ngd.curvature.estimator.BlockDiagonalCurvature`) and the
+    preconditioning (:mod:`mindspore_ngd.optim.precondition`) hand the unit-wise layers to this group
+    whole: it reads and writes their Fishers, folds their batches, and computes their natural gradient.
+    It keeps no state of its own; the Fishers are its blocks' Parameters, and the update counts, the
+    capture flags and the loss scale are passed in (their owners are
+    :class:`~mindspore_ngd.curvature.counters.LayerCounters`, :class:`~mindspore_ngd.capture.CaptureControl`
+    and the loss-scale probe).
 
     Every BatchNorm channel is its own 2x2 problem, so the layers' channels are concatenated and the
     solves and the never-captured selection run once over all of them, not once per layer; only
-    gathering the gradients, the KL clip's dot products and the cut back into layers stay per layer.
-    The results, and those dot products, are bit-identical to the per-layer computation.
+    gathering the gradients, the fold, the KL clip's dot products and the cut back into layers stay per
+    layer. The results, and those dot products, are bit-identical to the per-layer computation.
 
     Args:
-        blocks (list of UnitBatchNormBlock): the optimizer's BatchNorm blocks, in order.
+        blocks (list of UnitBatchNormBlock): the optimizer's BatchNorm blocks, in order (at least one).
+        factor_decay (float): moving-average decay of the Fishers.
+        track_changes (bool): the fold measures each Fisher's relative change (the refresh rule reads it).
+        change_damping (float): measure those changes against the damped 2x2 blocks ``F_c + damping I``
+            (SP-NGD's default, :class:`~mindspore_ngd.schedule.rules.StaleIntervals`); None: against
+            ``F_c``.
     """
 
-    def __init__(self, blocks):
+    def __init__(self, blocks, factor_decay=0.0, track_changes=False, change_damping=None):
         super().__init__(auto_prefix=False)
+        blocks = list(blocks)
+        if not blocks:
+            raise ValueError("UnitWiseGroup needs at least one BatchNorm block")
+        self.blocks = nn.CellList(blocks, auto_prefix=False)
+        self.factor_decay = float(factor_decay)
+        self.track_changes = bool(track_changes)
+        self.change_damping = change_damping
         self.sizes = tuple(int(b.spec.channels) for b in blocks)
         self.count = len(self.sizes)
         self.gamma_indices = tuple(b.gamma_index for b in blocks)
@@ -89,6 +109,51 @@ class UnitBatchNormStack(nn.Cell):
         # layer of every stacked channel: picks each channel's has-a-Fisher flag from the per-layer vector
         self.layer_of_row = Tensor(np.repeat(np.arange(self.count, dtype=np.int32), self.sizes))
 
+    # ------------------------------------------------------------------ the Fishers
+    def fishers(self):
+        """Every layer's (C, 3) Fisher as stored, a tuple."""
+        out = ()
+        for block in self.blocks:
+            out += (block.factors(),)
+        return out
+
+    def write(self, fishers):
+        """Write every layer's Fisher (in the main graph)."""
+        for j in range(self.count):
+            self.blocks[j].write_factors(fishers[j])
+
+    def batches(self, token, correction=None):
+        """Every layer's captured batch Fisher (read after ``token``), multiplied by the loss scale's
+        ``correction`` when given."""
+        out = ()
+        for block in self.blocks:
+            batch = block.batch(token)
+            out += (batch if correction is None else batch * correction,)
+        return out
+
+    def folded(self, fishers, counts, batches, flags, finite):
+        """Every layer's fold of its (unscaled) batch in ``batches`` into ``fishers`` (``counts``: their
+        update counts, a vector), each taken when its capture flag in ``flags`` is set and the step is
+        ``finite``: (new Fishers, new counts as a vector, rejected count, changes as a vector or -1s)."""
+        f_each = ops.unstack(counts)
+        new, new_counts, changes = (), (), ()
+        faults = ops.zeros((), ms.int32)
+        for j in range(self.count):
+            fisher, count, bad, change = self.blocks[j].fold(
+                fishers[j], f_each[j], batches[j], ops.logical_and(flags[j], finite), self.factor_decay,
+                self.track_changes, self.change_damping)
+            new += (fisher,)
+            new_counts += (count,)
+            changes += (change,)
+            faults = faults + bad
+        changes = ops.stack(changes) if self.track_changes else -ops.ones((self.count,), ms.float32)
+        return new, ops.stack(new_counts), faults, changes
+
+    def unchanged(self):
+        """(rejected count, changes) of a step that folds nothing: zero, -1s."""
+        return ops.zeros((), ms.int32), -ops.ones((self.count,), ms.float32)
+
+    # ------------------------------------------------------------------ the natural gradient
     def gradients(self, gradients):
         """(gamma, beta) gradients of every layer, float32, concatenated over the layers."""
         gammas, betas = (), ()

@@ -74,7 +74,7 @@ logger = logging.getLogger("mindspore_ngd")
 
 # the attributes the optimizer held before the curvature estimator owned them (``opt.blocks`` is
 # ``opt.curvature.blocks``), kept for the host-side readers: tests, benchmarks, callbacks, user code
-_FORMER_NAMES = ("blocks", "norm_blocks", "norm_stack", "counters", "capture_control", "exchange", "refresh_rule",
+_FORMER_NAMES = ("blocks", "norm_blocks", "norm_group", "counters", "capture_control", "exchange", "refresh_rule",
                  "factor_faults", "inverse_faults", "inverse_refreshes", "statistic_names", "factor_decay")
 
 

@@ -28,10 +28,10 @@ class Precondition:
         demoted = factors[FactorState.COUNTS][LayerCounts.DEMOTED]
         stacked, norm_grads = None, None
         if self.num_norms:      # every BatchNorm layer's channels at once, cut into layers where needed
-            norm_grads = self.curvature.norm_stack.gradients(gradients)
-            stacked = self.curvature.norm_stack.precondition(factors[FactorState.NORM_FISHERS],
-                                                             factors[FactorState.NORM_COUNTS], norm_grads,
-                                                             self.policy.batchnorm_damping)
+            norm_grads = self.curvature.norm_group.gradients(gradients)
+            stacked = self.curvature.norm_group.precondition(factors[FactorState.NORM_FISHERS],
+                                                              factors[FactorState.NORM_COUNTS], norm_grads,
+                                                              self.policy.batchnorm_damping)
         if self.policy.kl_clip is None:
             return matrices, self._norm_pairs(stacked)
         if self.is_group_lr:
@@ -41,7 +41,7 @@ class Precondition:
             for k in range(self.num_layers):
                 dots += (ops.reduce_sum(matrices[k] * self.curvature.blocks[k].gradient(gradients)),)
             if self.num_norms:
-                norm_dots = self.curvature.norm_stack.dots(stacked, norm_grads)
+                norm_dots = self.curvature.norm_group.dots(stacked, norm_grads)
             kept = ops.unstack(ops.where(demoted, ops.zeros((self.num_layers,), ms.float32), ops.stack(dots)))
             vg = ops.addn(kept + norm_dots) * lr * lr
         usable = ops.logical_and(vg > 0, ops.isfinite(vg))
@@ -58,7 +58,7 @@ class Precondition:
     def _norm_pairs(self, stacked):
         """A stacked BatchNorm (gamma, beta) pair cut into per-layer pairs; () without BatchNorm layers."""
         if self.num_norms:
-            return self.curvature.norm_stack.layer_pairs(stacked)
+            return self.curvature.norm_group.layer_pairs(stacked)
         return ()
 
     def _group_vg(self, matrices, pairs, norm_grads, gradients, lr):
@@ -77,10 +77,10 @@ class Precondition:
                           ops.reduce_sum(matrix_columns(product, columns - 1, 1)) * lr_b * lr_b)
             else:
                 terms += (ops.reduce_sum(product) * lr_w * lr_w,)
+        group = self.curvature.norm_group
         for j in range(self.num_norms):
-            block = self.curvature.norm_blocks[j]
             grads = norm_grads[j]
-            lr_g, lr_b = self._lr_of(lr, block.gamma_index), self._lr_of(lr, block.beta_index)
+            lr_g, lr_b = self._lr_of(lr, group.gamma_indices[j]), self._lr_of(lr, group.beta_indices[j])
             terms += (ops.reduce_sum(pairs[j][0] * grads[0]) * lr_g * lr_g,
                       ops.reduce_sum(pairs[j][1] * grads[1]) * lr_b * lr_b)
         return ops.addn(terms)

@@ -283,10 +283,10 @@ class _StackCase(nn.Cell):
 
 def test_stacked_unit_wise_natural_gradient_is_bit_identical_to_the_per_layer_one():
     """Three BatchNorm layers of 2, 5 and 3 channels, the second never captured (plain gradient)."""
-    from types import SimpleNamespace
-    from mindspore_ngd.curvature.unitwise import UnitBatchNormStack
+    from mindspore_ngd.capture.discover import NormSpec
+    from mindspore_ngd.curvature.unitwise import UnitBatchNormBlock, UnitWiseGroup
     sizes = (2, 5, 3)
-    blocks = [SimpleNamespace(spec=SimpleNamespace(channels=c), gamma_index=2 * j, beta_index=2 * j + 1)
+    blocks = [UnitBatchNormBlock(NormSpec(f"bn{j}", f"bn{j}.gamma", f"bn{j}.beta", c, 1e-5), "stack", 2 * j, 2 * j + 1)
               for j, c in enumerate(sizes)]
     rng = np.random.default_rng(5)
     gradients = tuple(Tensor(rng.standard_normal(c).astype(np.float32)) for c in sizes for _ in range(2))
@@ -296,8 +296,8 @@ def test_stacked_unit_wise_natural_gradient_is_bit_identical_to_the_per_layer_on
         f = np.einsum("cik,cjk->cij", u, u) / 8
         fishers.append(Tensor(np.stack([f[:, 0, 0], f[:, 0, 1], f[:, 1, 1]], axis=1).astype(np.float32)))
     counts = Tensor(np.array([3, 0, 1], np.int32))
-    pairs, dots, per_layer = _StackCase(UnitBatchNormStack(blocks), sizes)(gradients, tuple(fishers), counts,
-                                                                            Tensor(np.float32(1e-3)))
+    pairs, dots, per_layer = _StackCase(UnitWiseGroup(blocks), sizes)(gradients, tuple(fishers), counts,
+                                                                       Tensor(np.float32(1e-3)))
     for j, c in enumerate(sizes):
         for part in range(2):
             assert pairs[j][part].shape == (c,)

@@ -14,7 +14,7 @@ from mindspore_ngd.curvature.kronecker import KroneckerBlock
 from mindspore_ngd.curvature.registry import (BLOCK_TYPES, KRONECKER, UNIT_BATCHNORM, BlockType, KroneckerType,
                                               block_type_of, register_block_type)
 from mindspore_ngd.curvature.unitwise import UnitBatchNormBlock
-from nets import BNNet
+from nets import BNNet, DenseNet
 
 
 def test_every_kind_has_its_block_type():
@@ -75,3 +75,28 @@ def test_a_new_kind_is_one_registry_entry():
     finally:
         del BLOCK_TYPES["scale"]
     assert "scale" not in BLOCK_TYPES
+
+
+def test_each_family_runs_in_its_group_and_every_parameter_is_listed_once_under_its_old_name():
+    """The estimator hands the Kronecker blocks to one group and the unit-wise blocks to another; the
+    groups share the estimator's blocks, so no Parameter is listed twice (a checkpoint would hold it
+    twice) and none is renamed."""
+    from mindspore_ngd.curvature.kronecker_group import KroneckerGroup
+    from mindspore_ngd.curvature.unitwise import UnitWiseGroup
+    opt = ngd.SPNGD(BNNet(), 0.1, verbose=False)
+    curvature = opt.curvature
+    assert type(curvature.layer_group) is KroneckerGroup and type(curvature.norm_group) is UnitWiseGroup
+    assert all(a is b for a, b in zip(curvature.layer_group.blocks, curvature.blocks))
+    assert tuple(curvature.norm_group.blocks) == curvature.norm_blocks == tuple(opt.norm_blocks)
+    params = list(opt.get_parameters())
+    assert len({id(p) for p in params}) == len(params)
+    names = [p.name for p in params]
+    assert len(set(names)) == len(names)
+    prefix = opt.policy.name
+    block_names = {p.name for block in list(curvature.blocks) + list(curvature.norm_blocks)
+                   for p in block.get_parameters()}
+    assert {n for n in names if n.startswith(prefix + ".")} >= block_names
+    assert all(n.startswith(prefix + ".") for n in block_names)
+    # without unit-wise BatchNorm layers there is no unit-wise group
+    plain = ngd.KFAC(DenseNet(), 0.1, verbose=False).curvature
+    assert plain.norm_group is None and plain.norm_blocks == ()
