@@ -57,12 +57,16 @@ class LayerCapture(nn.Cell):
     :mod:`mindspore_ngd.curvature.factors`. The trace probes and the output-gradient sum always use
     the whole batch.
 
+    ``sequence_approx="reduce"`` captures a Dense layer's input and output gradient of more than two
+    dimensions per example (K-FAC-reduce, :mod:`mindspore_ngd.curvature.factors`); "expand" (default)
+    flattens them to rows.
+
     The formulas are those of the layer's :class:`~mindspore_ngd.capture.layer_types.LayerType`
     (``layer_type_of(spec)``), held as attributes so that the compiled graph calls them directly.
     """
 
     def __init__(self, spec, prefix, loss_scale=1.0, traces=False, sums_gradient=False, stat_fraction=1.0,
-                 stat_stride=1):
+                 stat_stride=1, sequence_approx="expand"):
         super().__init__(auto_prefix=False)
         self.spec = spec
         base = f"{prefix}.{spec.name}"
@@ -77,6 +81,13 @@ class LayerCapture(nn.Cell):
         self.has_positions = layer_type.has_positions
         self._input_factor, self._output_factor = layer_type.input_factor, layer_type.output_factor
         self._input_trace, self._positions = layer_type.input_trace, layer_type.positions
+        self._output_trace = factors.output_trace
+        # K-FAC-reduce on inputs with more than two dimensions (the capturing construct picks the path
+        # by the input's rank; a 2-D input is the same either way)
+        self.reduces = sequence_approx == "reduce" and layer_type.reduce_formulas is not None
+        if self.reduces:
+            self._input_factor, self._output_factor, self._input_trace, self._output_trace = \
+                layer_type.reduce_formulas
         self.geometry = geometry_of(spec)
         self.has_bias = spec.has_bias
         self.g_scale = 1.0 / float(loss_scale) ** 2
@@ -157,7 +168,7 @@ class LayerCapture(nn.Cell):
             ops.assign(self.g_batch, self.output_factor(dy))
         if self.traces_enabled:
             if self.trace_g:
-                ops.assign(self.g_trace, factors.output_trace(dy, self.g_scale, self.has_positions))
+                ops.assign(self.g_trace, self._output_trace(dy, self.g_scale, self.has_positions))
             dy = ops.depend(dy, self.g_trace)
         dy = self._summed(dy)
         # the gradient flowing on waits for the buffer write: without this the optimizer could read

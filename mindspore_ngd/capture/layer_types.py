@@ -56,6 +56,9 @@ class LayerType:
     constructs = ()
     has_positions = False
     probe_rank = 0
+    # K-FAC-reduce's formulas (``sequence_approx="reduce"``), for a kind whose inputs may be sequences:
+    # (input_factor, output_factor, input_trace, output_trace), or None when the kind has none
+    reduce_formulas = None
 
     def base_class(self, cls):
         """The class of :attr:`classes` that ``cls`` subclasses, or None."""
@@ -129,6 +132,17 @@ class _CapturedDense(_CapturedAffine):
 
     def construct(self, x):
         x_shape = x.shape
+        if len(x_shape) > 2 and self.training and self._ngd_capture.reduces:
+            # K-FAC-reduce: the capture sees the input and the output gradient per example, (B, ..., n)
+            x = self._ngd_capture.capture_input(x)
+            y = self.matmul(x.reshape(-1, x_shape[-1]), self.weight)
+            if self.has_bias:
+                y = self.bias_add(y, self.bias)
+            out_shape = x_shape[:-1] + (y.shape[-1],)
+            y = self._ngd_capture.grad_hook(y.reshape(out_shape)).reshape(-1, y.shape[-1])
+            if self.activation_flag:
+                y = self.activation(y)
+            return y.reshape(out_shape)
         if len(x_shape) != 2:
             x = x.reshape(-1, x_shape[-1])
         x = self._ngd_affine(x, self.matmul)
@@ -150,6 +164,12 @@ class _CapturedLinear:
     """construct of a capturing nn.Linear / mint.nn.Linear (``ops.Dense`` on the input as rows)."""
 
     def construct(self, x):
+        if self.training and len(x.shape) > 2 and self._ngd_capture.reduces:
+            # K-FAC-reduce: the capture sees the input and the output gradient per example, (B, ..., n)
+            x_shape = x.shape
+            x = self._ngd_capture.capture_input(x)
+            out = self.dense(x.reshape(-1, x_shape[-1]), self.weight, self.bias)
+            return self._ngd_capture.grad_hook(out.reshape(x_shape[:-1] + (out.shape[-1],)))
         if self.training:
             x_shape = x.shape
             rows = self._ngd_capture.capture_input(x.reshape(-1, x_shape[-1]))
@@ -177,6 +197,18 @@ class _CapturedMintConv2d:
 
 
 # ------------------------------------------------------------------------------------ the kinds
+def _dense_reduce_input_factor(x, geometry, has_bias, fraction, position_stride):
+    return factors.dense_reduce_input_factor(x, has_bias, fraction)
+
+
+def _dense_reduce_output_factor(dy, g_scale, fraction, position_stride):
+    return factors.dense_reduce_output_factor(dy, g_scale, fraction)
+
+
+def _dense_reduce_input_trace(x, geometry, has_bias):
+    return factors.dense_reduce_input_trace(x, has_bias)
+
+
 class DenseType(LayerType):
     """``nn.Dense`` and ``nn.Linear`` (the same class as ``mint.nn.Linear``): inputs flattened to rows,
     every row an example."""
@@ -194,6 +226,9 @@ class DenseType(LayerType):
 
     def positions_per_example(self, x_shape, y_shape, batch):
         return int(np.prod(x_shape[:-1])) // batch
+
+    reduce_formulas = (_dense_reduce_input_factor, _dense_reduce_output_factor, _dense_reduce_input_trace,
+                       factors.dense_reduce_output_trace)
 
     @staticmethod
     def input_factor(x, geometry, has_bias, fraction, position_stride):

@@ -5,7 +5,14 @@ B examples whose training loss is the MEAN of the per-example losses l_b:
 
 * Dense ``y = W a + b``: ``abar = [a; 1]`` with a bias, ``g_b = d l_b / d y_b = B * dL/dy_b``,
   ``A = (1/B) sum_b abar abar^T``, ``G = (1/B) sum_b g g^T = B * sum_b dy dy^T``.
-  Inputs with more than two dimensions are flattened to rows, and every row counts as an example.
+  Inputs with more than two dimensions are flattened to rows, and every row counts as an example
+  (K-FAC-expand, Eschenhagen et al. 2023, with the B R rows as examples). K-FAC-reduce
+  (``sequence_approx="reduce"``) counts each of the B examples once, with its R rows averaged on the
+  input side and summed on the output side: ``abar_b = [mean_r a_{b,r}; 1]``, ``s_b = sum_r dy_{b,r}``,
+  ``A = (1/B) sum_b abar_b abar_b^T``, ``G = B R sum_b s_b s_b^T``. G keeps the expand factor's scale
+  (the loss a mean over the B R rows), so that the two are the same when R = 1. For one example
+  (B = 1) whose input does not depend on r, reduce is exact: ``A (x) G = R vec(dL/dW) vec(dL/dW)^T``
+  (column-major ``vec`` of ``[dW | db]``), which expand is not.
 * Conv2d (KFC): the weight (out, in, kh, kw) is flattened row-major to (out, in*kh*kw). For the T
   output positions ``abar_{b,t}`` is the im2col patch (zero padding included, 1 appended with a
   bias): ``A = (1/B) sum_{b,t} abar abar^T``, ``G = (1/(B*T)) sum_{b,t} g g^T = (B/T) sum dy dy^T``.
@@ -43,7 +50,8 @@ from .._graph import divide, gram as _gram, permuted, transposed
 
 __all__ = ["kept_rows", "kept_examples", "output_sum", "dense_input_factor", "dense_output_factor",
            "conv_input_factor", "conv_output_factor", "conv_patches", "conv_positions", "same_padding", "dense_input_trace",
-           "conv_input_trace", "output_trace",
+           "conv_input_trace", "output_trace", "dense_reduce_input_factor", "dense_reduce_output_factor",
+           "dense_reduce_input_trace", "dense_reduce_output_trace",
            "unit_probe", "normalized_input", "unit_fisher", "unit_natural_gradient"]
 
 
@@ -109,6 +117,42 @@ def dense_output_factor(dy, g_scale, fraction=1.0):
     return _gram(dy) * (rows * (rows / kept) * g_scale)        # rows / kept is exactly 1.0 when m = B
 
 
+def _sequences(x):
+    """A Dense input or output of shape (B, ..., features) as (B, R, features), R the positions per
+    example."""
+    return x.reshape(x.shape[0], -1, x.shape[-1])
+
+
+def dense_reduce_input_factor(x, has_bias, fraction=1.0):
+    """K-FAC-reduce's A of a Dense layer from its (B, ..., in) input (Eschenhagen et al. 2023): each
+    example's rows averaged, ``abar_b = mean_r a_{b,r}``, then ``(1/m) sum_b abar_b abar_b^T`` over the
+    first ``m`` examples (with a 1 appended when there is a bias)."""
+    return dense_input_factor(_sequences(ops.cast(x, ms.float32)).mean(axis=1), has_bias, fraction)
+
+
+def dense_reduce_output_factor(dy, g_scale, fraction=1.0):
+    """K-FAC-reduce's G of a Dense layer from the gradient of the mean loss w.r.t. its (B, ..., out)
+    output: each example's rows summed, ``s_b = sum_r dy_{b,r}``, then ``B R (B/m) sum_{first m} s_b
+    s_b^T`` -- the scale of :func:`dense_output_factor` over the B R rows, so that the two agree when
+    R = 1 (module docstring)."""
+    dy = _sequences(ops.cast(dy, ms.float32))
+    batch, positions = dy.shape[0], dy.shape[1]
+    sums, kept = kept_examples(dy.sum(axis=1), fraction)
+    return _gram(sums) * (batch * positions * (batch / kept) * g_scale)
+
+
+def dense_reduce_input_trace(x, has_bias):
+    """trace(A) of K-FAC-reduce's A without forming it."""
+    return dense_input_trace(_sequences(ops.cast(x, ms.float32)).mean(axis=1), has_bias)
+
+
+def dense_reduce_output_trace(dy, g_scale, conv=False):
+    """trace(G) of K-FAC-reduce's G without forming it: ``B R sum_b |s_b|^2``."""
+    dy = _sequences(ops.cast(dy, ms.float32))
+    sums = dy.sum(axis=1)
+    return ops.reduce_sum(sums * sums) * (g_scale * dy.shape[0] * dy.shape[1])
+
+
 def same_padding(size, kernel, stride, dilation):
     """(before, after) zero padding of MindSpore's ``pad_mode='same'`` along one spatial axis."""
     out = (size + stride - 1) // stride
@@ -127,9 +171,15 @@ def dense_input_trace(x, has_bias):
 
 def output_sum(dy, conv):
     """Sum of the output gradient over the batch (and positions): the bias gradient the backward pass
-    computes, at the loss scale of the step (:class:`mindspore_ngd.capture.LossScaleProbe`)."""
+    computes, at the loss scale of the step (:class:`mindspore_ngd.capture.LossScaleProbe`). A Dense
+    output of more than two dimensions (K-FAC-reduce's hook sees (B, R, out)) sums over every axis
+    but the last."""
     dy = ops.cast(dy, ms.float32)
-    return dy.sum(axis=(0, 2, 3)) if conv else dy.sum(axis=0)
+    if conv:
+        return dy.sum(axis=(0, 2, 3))
+    if dy.ndim > 2:
+        dy = dy.reshape(-1, dy.shape[-1])
+    return dy.sum(axis=0)
 
 
 def output_trace(dy, g_scale, conv):

@@ -70,13 +70,14 @@ class KroneckerBlock(nn.Cell):
         damping_split, inverse_method, jitter: as :class:`mindspore_ngd.Policy`.
         sums_gradient (bool): the capture also records the output-gradient sum that
             :class:`mindspore_ngd.capture.LossScaleProbe` reads.
-        stat_fraction, stat_stride: batch statistics from a subsample, as :class:`mindspore_ngd.Policy`
-            (passed to the :class:`~mindspore_ngd.capture.LayerCapture`).
+        stat_fraction, stat_stride, sequence_approx: batch statistics from a subsample, and K-FAC-expand
+            or -reduce on sequences, as :class:`mindspore_ngd.Policy` (passed to the
+            :class:`~mindspore_ngd.capture.LayerCapture`).
     """
 
     def __init__(self, spec, prefix, weight_index, bias_index, owned=True, split_dim=None, loss_scale=1.0,
                  traces=False, damping_split="pi", inverse_method="cholesky", jitter=1e-6, sums_gradient=False,
-                 stat_fraction=1.0, stat_stride=1):
+                 stat_fraction=1.0, stat_stride=1, sequence_approx="expand"):
         if inverse_method not in inv_ops.INVERSE_METHODS:       # "auto" is resolved by the optimizer
             raise ValueError(f"inverse_method must be one of {list(inv_ops.INVERSE_METHODS)}, got {inverse_method!r}")
         super().__init__(auto_prefix=False)
@@ -94,7 +95,8 @@ class KroneckerBlock(nn.Cell):
         self.g_factor = _square(spec.g_dim, f"{base}.G", 0.0, owned)
         self.a_inverse = _identity_inverse(self.a_layout, f"{base}.A_inv", owned)
         self.g_inverse = _identity_inverse(self.g_layout, f"{base}.G_inv", owned)
-        self.capture = LayerCapture(spec, prefix, loss_scale, traces, sums_gradient, stat_fraction, stat_stride)
+        self.capture = LayerCapture(spec, prefix, loss_scale, traces, sums_gradient, stat_fraction, stat_stride,
+                                    sequence_approx)
 
     # ------------------------------------------------------------------ factors
     def factors(self):

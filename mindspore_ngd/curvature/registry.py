@@ -107,7 +107,8 @@ class KroneckerType(BlockType):
         return KroneckerBlock(spec, context.prefix, index[spec.weight_name],
                               index[spec.bias_name] if spec.has_bias else -1, owned, policy.split_dim,
                               context.loss_scale, context.traces, policy.damping_split, policy.inverse_method,
-                              policy.jitter, sums_gradient, policy.stat_fraction, policy.stat_stride)
+                              policy.jitter, sums_gradient, policy.stat_fraction, policy.stat_stride,
+                              policy.sequence_approx)
 
     def flops(self, spec, batch, positions, split_dim=None):
         """``{"forward", "backward"}`` per step, ``{"capture_a", "capture_g"}`` per capture,

@@ -68,6 +68,13 @@ ARGUMENTS = {
         "    BatchNorm Fisher, use every position. Default 1. See :class:`mindspore_ngd.Policy` and\n"
         "    docs/algorithms.md."
     ),
+    "sequence_approx": (
+        'sequence_approx (str): "expand" (default) or "reduce": the factors of a Dense layer whose input\n'
+        '    has more than two dimensions, (B, R, ..., features). "expand" counts each of the B R rows as an\n'
+        '    example (right for a loss averaged over positions, as a language model\'s); "reduce" counts each\n'
+        '    example once, its rows averaged (A) and summed (G) (Eschenhagen et al. 2023), and captures\n'
+        '    its Gram matrices over B rows instead of B R. See :class:`mindspore_ngd.Policy`.'
+    ),
 }
 
 

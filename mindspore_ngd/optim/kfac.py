@@ -94,12 +94,12 @@ class KFAC(NGDOptimizer):
                  distributed="auto", grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, divergence_growth=1e3, params=None, strict=False,
                  host_calls="auto",
-                 stat_fraction=1.0, stat_stride=1, nesterov=None, split_dim=None):
+                 stat_fraction=1.0, stat_stride=1, nesterov=None, split_dim=None, sequence_approx="expand"):
         policy = Policy(name="kfac", refresh=FixedInterval(factor_update_interval, inverse_update_interval),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip, jitter=jitter,
                         split_dim=split_dim,
                         fisher=fisher, adaptive_damping=adaptive_damping, stat_fraction=stat_fraction,
-                        stat_stride=stat_stride)
+                        stat_stride=stat_stride, sequence_approx=sequence_approx)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, use_nesterov=resolve_nesterov(use_nesterov, nesterov), decay_filter=decay_filter,

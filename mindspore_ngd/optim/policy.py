@@ -15,6 +15,7 @@ from ..schedule.rules import FixedInterval, GrowingInterval, StaleIntervals
 __all__ = ["Policy", "FISHER_KINDS", "default_decay_filter", "check_arguments"]
 
 FISHER_KINDS = ("empirical", "mc")
+SEQUENCE_APPROXIMATIONS = ("expand", "reduce")
 RULES = (FixedInterval, StaleIntervals, GrowingInterval)
 
 
@@ -62,6 +63,11 @@ class Policy:
             positions), A rescaled by ``T / T'``; Dense layers ignore it. 1 (default) uses every
             position. Neither option subsamples THOR's trace probes, the loss-scale probe or the
             unit-wise BatchNorm Fisher.
+        sequence_approx: "expand" (default) or "reduce": the Kronecker factors of a Dense layer whose
+            input has more than two dimensions, (B, R, ..., features). "expand" counts each of the B R
+            rows as an example, "reduce" each of the B examples once, its rows averaged on the input
+            side and summed on the output side (K-FAC-expand and K-FAC-reduce, Eschenhagen et al.
+            2023; :mod:`mindspore_ngd.curvature.factors`). Two-dimensional inputs are the same either way.
     """
     name: str = "kfac"
     refresh: Union[FixedInterval, StaleIntervals, GrowingInterval] = FixedInterval()
@@ -78,6 +84,7 @@ class Policy:
     max_damping_boost: float = 1e4
     stat_fraction: float = 1.0
     stat_stride: int = 1
+    sequence_approx: str = "expand"
 
     def validated(self):
         """The policy itself, after checking every field (TypeError/ValueError naming the field)."""
@@ -102,6 +109,7 @@ class Policy:
                                  high_inclusive=True)
         _validate.fraction("stat_fraction", self.stat_fraction)
         _validate.positive_int("stat_stride", self.stat_stride)
+        _validate.one_of("sequence_approx", self.sequence_approx, SEQUENCE_APPROXIMATIONS)
         return self
 
     def resolved(self, device_target=None):

@@ -74,7 +74,8 @@ class THOR(NGDOptimizer):
     captured A and G from the first ``max(1, ceil(stat_fraction * B))`` examples of the batch and, for
     a Conv2d, from every ``stat_stride``-th output position per spatial direction, rescaled to estimate
     the full-batch factors (as :class:`mindspore_ngd.KFAC`); the trace probes of ``trace_threshold``
-    always use the whole batch. Distributed with ``trace_threshold``, the batch traces are
+    always use the whole batch. ``sequence_approx`` ("expand" or "reduce") is as :class:`mindspore_ngd.KFAC`'s.
+    Distributed with ``trace_threshold``, the batch traces are
     averaged over the ranks and the owners of a layer decide whether its statistics moved; the
     decisions are shared so that every rank captures the same statistics.
 
@@ -90,7 +91,7 @@ class THOR(NGDOptimizer):
                  grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, divergence_growth=1e3, params=None, strict=False,
                  host_calls="auto",
-                 stat_fraction=1.0, stat_stride=1):
+                 stat_fraction=1.0, stat_stride=1, sequence_approx="expand"):
         if batch_size is not None:
             _validate.positive_int("batch_size", batch_size)
         if split_indices is not None and not isinstance(split_indices, (list, tuple)):
@@ -104,7 +105,7 @@ class THOR(NGDOptimizer):
         policy = Policy(name="thor", refresh=rule, damping_split=damping_split, inverse_method=inverse_method,
                         kl_clip=kl_clip, jitter=jitter, split_dim=split_dim,
                         clip_norm=1.0 if enable_clip_grad else None, adaptive_damping=adaptive_damping,
-                        stat_fraction=stat_fraction, stat_stride=stat_stride)
+                        stat_fraction=stat_fraction, stat_stride=stat_stride, sequence_approx=sequence_approx)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=use_nesterov, decay_filter=decay_filter, verbose=verbose,
