@@ -211,7 +211,8 @@ def _dense_reduce_input_trace(x, geometry, has_bias):
 
 class DenseType(LayerType):
     """``nn.Dense`` and ``nn.Linear`` (the same class as ``mint.nn.Linear``): inputs flattened to rows,
-    every row an example."""
+    every row an example (K-FAC-expand); with ``sequence_approx="reduce"`` an input of more than two
+    dimensions counts each example once (:attr:`reduce_formulas`)."""
     kind = "dense"
     classes = (nn.Dense, nn.Linear)
     constructs = ((nn.Dense, _CapturedDense), (nn.Linear, _CapturedLinear))
