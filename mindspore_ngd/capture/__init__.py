@@ -25,10 +25,10 @@ construct and factor formulas) is one :class:`~.layer_types.LayerType` per kind,
 from .cells import UNSEEN, LayerCapture, NormCapture, attach, current_capture, detach, never_captured
 from .control import CaptureControl
 from .discover import (CONV_CLASSES, DENSE_CLASSES, LAYER_CLASSES, LayerSpec, NormSpec, find_batchnorms,
-                       find_layers)
+                       find_layernorms, find_layers)
 from .layer_types import LAYER_TYPES, LayerType, layer_type_of, register_layer_type
 
 __all__ = ["LayerSpec", "LayerCapture", "NormSpec", "NormCapture", "CaptureControl", "find_layers",
-           "find_batchnorms", "attach", "detach", "current_capture", "never_captured", "UNSEEN",
+           "find_batchnorms", "find_layernorms", "attach", "detach", "current_capture", "never_captured", "UNSEEN",
            "DENSE_CLASSES", "CONV_CLASSES", "LAYER_CLASSES", "LayerType", "LAYER_TYPES", "layer_type_of",
            "register_layer_type"]

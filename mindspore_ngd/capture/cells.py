@@ -177,12 +177,14 @@ class LayerCapture(nn.Cell):
 
 
 class NormCapture(nn.Cell):
-    """Per-channel (gamma, beta) Fisher buffer of one BatchNorm layer, its flag and its hook.
+    """Per-channel (gamma, beta) Fisher buffer of one BatchNorm or LayerNorm layer, its flag and its hook.
 
     On a capture step the layer's output becomes ``y + xhat * p_gamma + p_beta`` with a zero probe
-    ``p`` of shape (2, B, C, 1, 1): the value is unchanged, and the gradient reaching ``p`` is the
-    per-example (g_gamma, g_beta) that :func:`factors.unit_fisher` turns into the Fisher entries. On
-    other steps the probe is not added (a single-level run-time branch) and costs nothing.
+    ``p`` of shape (2, B, C, 1, 1) (a LayerNorm's, whose units are the features of the last axis:
+    (2, B, 1, ..., C), so that the per-example gradients sum over the positions): the value is
+    unchanged, and the gradient reaching ``p`` is the per-example (g_gamma, g_beta) that
+    :func:`factors.unit_fisher` turns into the Fisher entries. On other steps the probe is not added
+    (a single-level run-time branch) and costs nothing.
     """
 
     def __init__(self, spec, prefix, loss_scale=1.0):
@@ -193,6 +195,7 @@ class NormCapture(nn.Cell):
                                             name=f"{base}.f_batch", requires_grad=False))
         self.capture_f = Parameter(Tensor(True), name=f"{base}.capture_f", requires_grad=False)
         self.eps = spec.eps
+        self.last_axis = spec.kind == "layernorm"      # a LayerNorm's units are its last axis
         self.g_scale = 1.0 / float(loss_scale)
         self.grad_hook = ops.InsertGradientOf(self.save_fisher)
         self.bypass = False         # as LayerCapture.bypass
@@ -206,9 +209,15 @@ class NormCapture(nn.Cell):
         if self.bypass:
             return y
         # the hook sits outside the branch: a hook inside a value-returning branch fails to compile
-        probe = self.grad_hook(factors.unit_probe(gamma, x.shape[0], x.ndim))
+        if self.last_axis:
+            probe = self.grad_hook(factors.unit_probe_last(gamma, x.shape[0], x.ndim))
+        else:
+            probe = self.grad_hook(factors.unit_probe(gamma, x.shape[0], x.ndim))
         if self.capture_f:
-            xhat = factors.normalized_input(x, self.eps)
+            if self.last_axis:
+                xhat = factors.layer_normalized_input(x, self.eps)
+            else:
+                xhat = factors.normalized_input(x, self.eps)
             y = y + ops.cast(xhat * probe[0] + probe[1], y.dtype)
         return y
 
@@ -232,12 +241,25 @@ class _CapturedBatchNorm:
         return out
 
 
+class _CapturedLayerNorm:
+    """construct of a capturing LayerNorm: nn.LayerNorm's, with the Fisher probe in training mode."""
+
+    def construct(self, input_x):
+        y, _, _ = self.layer_norm(input_x, self.gamma.astype(input_x.dtype), self.beta.astype(input_x.dtype))
+        if self.training:
+            return self._ngd_capture.probe(input_x, y, self.gamma)
+        return y
+
+
 _CLASSES = {}
 
 
 def _captured_class(cls):
     layer_type, _ = layer_type_of_class(cls)
-    mixin = _CapturedBatchNorm if layer_type is None else layer_type.mixin(cls)
+    if layer_type is not None:
+        mixin = layer_type.mixin(cls)
+    else:
+        mixin = _CapturedLayerNorm if issubclass(cls, nn.LayerNorm) else _CapturedBatchNorm
     if cls not in _CLASSES:
         _CLASSES[cls] = type(f"NGD{cls.__name__}", (mixin, cls), {"_ngd_original_class": cls})
     return _CLASSES[cls]

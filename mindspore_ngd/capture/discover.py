@@ -2,10 +2,10 @@
 
 :func:`find_layers` returns a :class:`LayerSpec` for each supported ``nn.Dense``, ``nn.Linear`` and
 (zero-padded, ``groups=1``) ``nn.Conv2d`` / ``mint.nn.Conv2d`` cell, and the reason for each such cell
-it cannot take; :func:`find_batchnorms` does the same for the BatchNorm layers SP-NGD preconditions
-unit-wise. What depends on the kind of layer (the classes, their checks, ``a_dim`` / ``g_dim`` and
-geometry) is in the registry of :mod:`mindspore_ngd.capture.layer_types`. The capture itself is in
-:mod:`mindspore_ngd.capture.cells`.
+it cannot take; :func:`find_batchnorms` and :func:`find_layernorms` do the same for the BatchNorm and
+LayerNorm layers SP-NGD preconditions unit-wise. What depends on the kind of layer (the classes, their
+checks, ``a_dim`` / ``g_dim`` and geometry) is in the registry of :mod:`mindspore_ngd.capture.layer_types`.
+The capture itself is in :mod:`mindspore_ngd.capture.cells`.
 """
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
@@ -14,8 +14,8 @@ from mindspore import nn
 
 from .layer_types import CONV2D, DENSE, layer_type_of_class
 
-__all__ = ["LayerSpec", "NormSpec", "find_layers", "find_batchnorms", "DENSE_CLASSES", "CONV_CLASSES",
-           "LAYER_CLASSES"]
+__all__ = ["LayerSpec", "NormSpec", "find_layers", "find_batchnorms", "find_layernorms", "DENSE_CLASSES",
+           "CONV_CLASSES", "LAYER_CLASSES"]
 
 # the attribute of a captured cell that holds its capture (set by mindspore_ngd.capture.cells.attach)
 _ATTR = "_ngd_capture"
@@ -108,7 +108,9 @@ def find_layers(network):
 
 @dataclass(frozen=True)
 class NormSpec:
-    """A BatchNorm layer preconditioned unit-wise (one 2x2 Fisher per channel)."""
+    """A normalisation layer preconditioned unit-wise (one 2x2 Fisher per channel): a BatchNorm layer
+    (``kind="batchnorm"``, channels on axis 1) or a LayerNorm layer (``kind="layernorm"``, one unit per
+    feature of the last axis)."""
     name: str
     gamma_name: str
     beta_name: str
@@ -128,6 +130,35 @@ def _norm_unsupported_reason(cell):
     if getattr(cell, "format", "NCHW") != "NCHW":
         return f"data_format={cell.format}"
     return None
+
+
+def _layernorm_unsupported_reason(cell):
+    if type(cell).construct is not nn.LayerNorm.construct and not hasattr(cell, _ATTR):
+        return "custom construct"
+    if not (cell.gamma.requires_grad and cell.beta.requires_grad):
+        return "gamma/beta not trainable"
+    if len(cell.normalized_shape) != 1 or cell.begin_norm_axis != -1 or cell.begin_params_axis != -1:
+        return (f"normalises more than the last axis (normalized_shape={tuple(cell.normalized_shape)}, "
+                f"begin_norm_axis={cell.begin_norm_axis}, begin_params_axis={cell.begin_params_axis})")
+    return None
+
+
+def find_layernorms(network):
+    """``(specs, cells, skipped)`` for the ``nn.LayerNorm`` cells of ``network`` that normalise the last
+    axis with a scale and shift per feature (the transformer's LayerNorm; ``normalized_shape`` of one
+    axis, ``begin_norm_axis = begin_params_axis = -1``)."""
+    specs, cells, skipped = [], [], []
+    for name, cell in network.cells_and_names():
+        if not isinstance(cell, nn.LayerNorm) or not name:
+            continue
+        reason = _layernorm_unsupported_reason(cell)
+        if reason is not None:
+            skipped.append((name, reason))
+            continue
+        specs.append(NormSpec(name=name, gamma_name=cell.gamma.name, beta_name=cell.beta.name,
+                              channels=int(cell.gamma.shape[0]), eps=float(cell.epsilon), kind="layernorm"))
+        cells.append(cell)
+    return specs, cells, skipped
 
 
 def find_batchnorms(network):

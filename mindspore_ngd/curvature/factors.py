@@ -52,7 +52,8 @@ __all__ = ["kept_rows", "kept_examples", "output_sum", "dense_input_factor", "de
            "conv_input_factor", "conv_output_factor", "conv_patches", "conv_positions", "same_padding", "dense_input_trace",
            "conv_input_trace", "output_trace", "dense_reduce_input_factor", "dense_reduce_output_factor",
            "dense_reduce_input_trace", "dense_reduce_output_trace",
-           "unit_probe", "normalized_input", "unit_fisher", "unit_natural_gradient"]
+           "unit_probe", "normalized_input", "unit_probe_last",
+           "layer_normalized_input", "unit_fisher", "unit_natural_gradient"]
 
 
 _MATMUL_TB = ops.MatMul(transpose_b=True)
@@ -319,11 +320,29 @@ def normalized_input(x, eps):
     return centred * ops.rsqrt((centred * centred).mean(axes, keep_dims=True) + eps)
 
 
+def unit_probe_last(gamma, batch, ndim):
+    """As :func:`unit_probe` for a LayerNorm, whose units are the features of the last axis: a zero
+    tensor (2, B, 1, ..., D) for an input of ``ndim`` axes (the per-example gradients sum over every
+    position of the axes between)."""
+    channels = gamma.shape[0]
+    middle = (1,) * (ndim - 2)
+    return ops.zeros((2, batch) + middle + (channels,), ms.float32) + 0.0 * ops.cast(gamma, ms.float32).reshape(
+        (1, 1) + middle + (channels,))
+
+
+def layer_normalized_input(x, eps):
+    """``xhat`` of a LayerNorm over the last axis: each position's mean and biased variance over its
+    features (as ``ops.LayerNorm`` with ``begin_norm_axis=-1``)."""
+    x = ops.cast(x, ms.float32)
+    centred = x - x.mean(-1, keep_dims=True)
+    return centred * ops.rsqrt((centred * centred).mean(-1, keep_dims=True) + eps)
+
+
 def unit_fisher(probe_grad, g_scale):
     """(C, 3) per-channel Fisher entries from the gradient of the mean loss w.r.t. the probe.
 
-    ``probe_grad`` is (2, B, C, 1, ...): d L / d probe = (1/B) per-example gradients. ``g_scale`` is
-    ``1 / loss_scale``.
+    ``probe_grad`` is (2, B, C, 1, ...) (a LayerNorm's: (2, B, 1, ..., C)): d L / d probe = (1/B)
+    per-example gradients. ``g_scale`` is ``1 / loss_scale``.
     """
     batch = probe_grad.shape[1]
     grads = ops.cast(probe_grad, ms.float32).reshape(2, batch, -1) * (batch * g_scale)

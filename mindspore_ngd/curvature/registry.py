@@ -11,6 +11,7 @@ kind           block type                      block
 ``dense``      :class:`KroneckerType`          :class:`~.kronecker.KroneckerBlock`: ``A (x) G``
 ``conv2d``     :class:`KroneckerType`          :class:`~.kronecker.KroneckerBlock`: ``A (x) G``
 ``batchnorm``  :class:`UnitBatchNormType`      :class:`~.unitwise.UnitBatchNormBlock`: 2x2 per unit
+``layernorm``  :class:`UnitBatchNormType`      :class:`~.unitwise.UnitBatchNormBlock`: 2x2 per unit
 =============  ==============================  =====================================================
 
 :class:`~.estimator.BlockDiagonalCurvature` builds every block through :func:`block_type_of`, and
@@ -123,10 +124,11 @@ class KroneckerType(BlockType):
 
 
 class UnitBatchNormType(BlockType):
-    """BatchNorm layers preconditioned unit-wise (SP-NGD): a
-    :class:`~mindspore_ngd.curvature.unitwise.UnitBatchNormBlock` each."""
+    """BatchNorm and LayerNorm layers preconditioned unit-wise (SP-NGD): a
+    :class:`~mindspore_ngd.curvature.unitwise.UnitBatchNormBlock` each (the block does not depend on the
+    kind: one (C, 3) Fisher per layer; the capture knows which axis holds the units)."""
     family = "unitwise"
-    kinds = ("batchnorm",)
+    kinds = ("batchnorm", "layernorm")
     block_class = UnitBatchNormBlock
     statistics = ("F",)
 

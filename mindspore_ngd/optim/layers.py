@@ -1,7 +1,7 @@
 """Which layers of a network the optimizer preconditions, and where their parameters sit."""
 from mindspore import mint, nn
 
-from ..capture import find_batchnorms, find_layers
+from ..capture import find_batchnorms, find_layernorms, find_layers
 from ..capture.loss_scale import reference_batchnorm
 
 __all__ = ["discover", "parameter_roles", "plain_layers", "scale_batchnorm", "NORM_CLASSES"]
@@ -18,8 +18,8 @@ def discover(network, skip_layers, unit_batchnorm):
     """``(specs, cells, norm_specs, norm_cells, skipped)`` for ``network``.
 
     ``specs``/``cells``: the Dense/Conv2d layers to precondition (all supported ones except those named
-    in ``skip_layers``); ``norm_*``: the BatchNorm layers preconditioned unit-wise (only when
-    ``unit_batchnorm``); ``skipped``: ``(name, reason)`` of the layers left to the plain update.
+    in ``skip_layers``); ``norm_*``: the BatchNorm, then the LayerNorm layers preconditioned unit-wise
+    (only when ``unit_batchnorm``); ``skipped``: ``(name, reason)`` of the layers left to the plain update.
     Raises ValueError for a ``skip_layers`` name that is no Dense/Conv2d cell, or a network with
     nothing to precondition.
     """
@@ -33,8 +33,9 @@ def discover(network, skip_layers, unit_batchnorm):
     specs, cells = [specs[i] for i in keep], [cells[i] for i in keep]
     norm_specs, norm_cells = [], []
     if unit_batchnorm:
-        norm_specs, norm_cells, norm_skipped = find_batchnorms(network)
-        skipped += norm_skipped
+        for find in (find_batchnorms, find_layernorms):
+            found, found_cells, norm_skipped = find(network)
+            norm_specs, norm_cells, skipped = norm_specs + found, norm_cells + found_cells, skipped + norm_skipped
     if not specs:
         raise ValueError("network has no nn.Dense or nn.Conv2d layer that can be preconditioned"
                          + (f" (skipped: {skipped})" if skipped else ""))

@@ -43,8 +43,9 @@ class Policy:
             (THOR's hardware-driven splitting); None inverts whole factors.
         clip_norm: clip every final gradient tensor (after preconditioning and weight decay) to this
             L2 norm, as MindSpore's THOR ``enable_clip_grad`` does; None disables.
-        batchnorm_damping: precondition BatchNorm gamma/beta unit-wise (one damped 2x2 Fisher per
-            channel, SP-NGD) with this damping; None gives them the plain update.
+        batchnorm_damping: precondition BatchNorm and LayerNorm gamma/beta unit-wise (one damped 2x2
+            Fisher per channel, SP-NGD; a LayerNorm's channels are the features of its last axis) with
+            this damping; None gives them the plain update.
         damping_floor: the damping used is ``max(damping, damping_floor)`` (SP-NGD floors it at the
             weight-decay coefficient).
         fisher: "empirical" (G from the training labels) or "mc" (G from labels sampled from the

@@ -8,8 +8,8 @@ What makes it SP-NGD rather than K-FAC, all in the policy:
   moves more (:func:`mindspore_ngd.schedule.rules.stale_intervals`). Between refreshes the statistic
   is not captured at all (no im2col, no covariance matmul, no probe) and its layer's inverses are
   reused; a layer is re-inverted only when one of its statistics was refreshed;
-* unit-wise natural gradient for BatchNorm: one damped 2x2 Fisher of (gamma_c, beta_c) per channel,
-  inverted in closed form;
+* unit-wise natural gradient for BatchNorm and LayerNorm: one damped 2x2 Fisher of (gamma_c, beta_c)
+  per channel (a LayerNorm's: per feature of its last axis), inverted in closed form;
 * damping: pi-adjusted factored Tikhonov damping, floored at the weight-decay coefficient;
 * a moving average over refreshes (``factor_decay=0.9``) and KL clipping (1e-3) by default, for
   the small per-device batches of CPU/GPU users (see the arguments).
@@ -63,8 +63,8 @@ class SPNGD(NGDOptimizer):
             BatchNorm blocks' ``batchnorm_damping``), so that a statistic much smaller than its
             damping -- G once the training loss is near zero -- is left to rest. "raw":
             ``/ |X_old|_F``, the statistic alone (the rule before this option existed).
-        batchnorm_damping (Optional[float]): damping of the unit-wise BatchNorm Fisher, > 0; None
-            gives BatchNorm gamma/beta the plain momentum update. Default 1e-3.
+        batchnorm_damping (Optional[float]): damping of the unit-wise BatchNorm and LayerNorm Fisher,
+            > 0; None gives their gamma/beta the plain momentum update. Default 1e-3.
         fisher (str): "empirical" (G from the training labels) or "mc" (labels sampled from the
             model's predictive distribution, one sample; train with
             :class:`mindspore_ngd.MCFisherTrainStep`). Default "empirical".
