@@ -53,10 +53,12 @@ from mindspore import nn, ops, Parameter, Tensor
 from .._graph import first
 from .update import dots_after, flat_after, parameter_rates
 
-__all__ = ["DampingController", "BOOST_UP", "BOOST_DOWN", "REINVERT_RATIO"]
+__all__ = ["DampingController", "BOOST_UP", "BOOST_DOWN", "RAISE_BELOW", "LOWER_ABOVE", "REINVERT_RATIO"]
 
 BOOST_UP = 1.5
 BOOST_DOWN = 1.2
+RAISE_BELOW = 0.25      # the reduction ratio below which the multiplier rises (Martens & Grosse's 1/4)
+LOWER_ABOVE = 0.75      # ... and above which it falls (their 3/4)
 REINVERT_RATIO = 2.0
 
 
@@ -124,8 +126,8 @@ class DampingController(nn.Cell):
         rho = num / ops.where(den < 0, den, -ops.ones_like(den))
         boost = self.boost
         overshoot = ops.maximum(2.0 * (1.0 - rho), BOOST_UP)
-        factor = ops.where(rho < 0.25, overshoot,
-                           ops.where(rho > 0.75, ops.fill(ms.float32, (), 1.0 / BOOST_DOWN), ops.ones((), ms.float32)))
+        factor = ops.where(rho < RAISE_BELOW, overshoot,
+                           ops.where(rho > LOWER_ABOVE, ops.fill(ms.float32, (), 1.0 / BOOST_DOWN), ops.ones((), ms.float32)))
         factor = ops.where(ops.logical_and(usable, den < 0), factor, ops.ones((), ms.float32))
         boost = ops.clip_by_value(boost * factor, 1.0, self.max_boost)
         ops.assign(self.boost, boost)

@@ -54,7 +54,8 @@ class Policy:
             falls back when they undershoot (:mod:`mindspore_ngd.optim.damping`); the given damping is
             the start and the floor.
         max_damping_boost: the largest factor adaptive damping may reach (>= 1). A multiplier pinned
-            there for ``divergence_patience`` steps stops the run (a finite divergence; if > 1).
+            there while the reduction ratio stays below 1/4 (the steps still overshoot) for
+            ``divergence_patience`` steps stops the run (a finite divergence; if > 1).
         stat_fraction: float in (0, 1]; the batch A and G of every Dense/Conv2d layer are computed
             from the first ``m = max(1, ceil(stat_fraction * B))`` examples of the batch (rows, for a
             Dense input flattened to rows), rescaled to estimate the full-batch factors (see

@@ -2,8 +2,9 @@
 
 The rule (mindspore_ngd/optim/divergence.py, ``Divergence._exploding``): a finite step explodes when its gradient
 norm exceeds ``divergence_growth`` (default 1e3) times the first finite step's, or when adaptive
-damping's multiplier is pinned at ``max_damping_boost``; ``divergence_patience`` consecutive exploding
-steps stop the run with ``RuntimeError("... diverged at step ...")``."""
+damping's multiplier is pinned at ``max_damping_boost`` while the reduction ratio is below 1/4;
+``divergence_patience`` consecutive exploding steps stop the run with
+``RuntimeError("... diverged at step ...")``."""
 import os
 
 import numpy as np
@@ -13,6 +14,8 @@ import mindspore as ms
 from mindspore import nn, Tensor
 
 import mindspore_ngd as ngd
+from mindspore_ngd.optim.damping import DampingController
+from mindspore_ngd.optim.divergence import Divergence, stop_message
 from benchmarks.models import ConvBNNet, DigitsCNN
 from nets import DenseNet
 from training import template_images
@@ -123,3 +126,42 @@ def test_healthy_digits_runs_never_count_an_exploding_step(name):
     # K-FAC's run has a transient at steps 15-19 (loss 0.28 -> 7.5, 3.2x the first; 4 steps above 1.5x)
     # and recovers: the loss-side stop's patience (10) lets it
     assert monitor.longest < monitor.patience, (monitor.longest, monitor.worst)
+
+
+class _Rule(Divergence):
+    """The divergence rule on its own: the mixin with a damping controller and no network."""
+
+    def __init__(self, max_boost, growth=None):
+        self.adaptive_damping, self.max_boost = True, float(max_boost)
+        self.damping_controller = DampingController("rule", 1, max_boost=max_boost)
+        self._build_divergence("rule", patience=3, growth=growth)
+
+    def set(self, boost, rho):
+        """The controller as a run leaves it: multiplier ``boost``, reduction ratio ``rho``."""
+        ctl = self.damping_controller
+        ctl.boost.set_data(Tensor(np.float32(boost)))
+        ctl.ratio_den.set_data(Tensor(np.float32(-1.0)))
+        ctl.ratio_num.set_data(Tensor(np.float32(-rho)))
+
+    def step(self):
+        count, evidence = self._exploding(Tensor(np.ones(4, np.float32)), Tensor(True))
+        return int(count.asnumpy()), evidence
+
+
+@pytest.mark.parametrize("rho, counts", [(-0.5, 1), (0.1, 1), (0.249, 1), (0.25, 0), (0.373, 0), (0.44, 0),
+                                         (0.9, 0)])
+def test_a_pinned_multiplier_counts_only_while_the_steps_still_overshoot(pynative, rho, counts):
+    """At its maximum, the multiplier counts as an explosion only while the reduction ratio is below
+    1/4, where the rule would raise it further. 0.373 and 0.44 are the ratios at which two runs of the
+    time-to-accuracy suite were stopped before: K-FAC with factors every 10 steps, and SP-NGD at damping
+    1e-3, which, left to run, recovers from an infinite loss to 86% test accuracy in 100 steps."""
+    rule = _Rule(max_boost=100.0)
+    rule.set(100.0, rho)
+    assert [rule.step()[0] for _ in range(3)] == [counts, 2 * counts, 3 * counts]
+    message = stop_message("KFAC", 7, 0, 0, 3, *[v.asnumpy() for v in rule.step()[1]])
+    assert bool(message) == bool(counts)
+    if counts:
+        assert ("4 consecutive finite steps that explode: adaptive damping's multiplier is pinned at its maximum "
+                "100 (max_damping_boost) and the steps still overshoot") in message
+    rule.set(99.0, -0.5)                          # below the maximum: never counts, and resets the run
+    assert rule.step()[0] == 0
