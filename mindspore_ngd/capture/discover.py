@@ -76,14 +76,27 @@ def _bias(cell):
     return getattr(cell, "bias", None)
 
 
+# a layer whose weight its owner reads directly, never calling the layer: the capture would see
+# nothing. nn.MultiheadAttention passes out_proj.weight and .bias to its functional forward.
+READ_DIRECTLY = "read directly by nn.MultiheadAttention, which never calls it"
+
+
+def _read_directly(network):
+    """ids of the cells whose owner reads their weight without calling them (:data:`READ_DIRECTLY`)."""
+    return {id(cell.out_proj) for _, cell in network.cells_and_names()
+            if isinstance(cell, nn.MultiheadAttention) and isinstance(getattr(cell, "out_proj", None), nn.Cell)}
+
+
 def find_layers(network):
     """Return ``(specs, cells, skipped)`` for the Dense/Linear/Conv2d cells of ``network`` (the cells
     of every registered :class:`~mindspore_ngd.capture.layer_types.LayerType`).
 
     ``skipped`` lists ``(name, reason)`` for such cells that cannot be preconditioned; their
-    parameters get the plain (momentum) update.
+    parameters get the plain (momentum) update. Among them is ``out_proj`` of every
+    ``nn.MultiheadAttention``, whose weight the attention reads without calling the layer.
     """
     specs, cells, skipped = [], [], []
+    read_directly = _read_directly(network)
     for name, cell in network.cells_and_names():
         layer_type, base = _base_class(cell)
         if layer_type is None:
@@ -91,7 +104,7 @@ def find_layers(network):
         if not name:
             skipped.append(("<root>", "the network itself is a single layer; wrap it in a Cell"))
             continue
-        reason = _unsupported_reason(cell, layer_type, base)
+        reason = READ_DIRECTLY if id(cell) in read_directly else _unsupported_reason(cell, layer_type, base)
         if reason is not None:
             skipped.append((name, reason))
             continue

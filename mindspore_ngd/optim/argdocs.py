@@ -54,8 +54,8 @@ ARGUMENTS = {
     ),
     "strict": (
         'strict (bool): raise a RuntimeError when a preconditioned layer captures nothing on its first\n'
-        '    capture step (its construct is never called, e.g. ``out_proj`` of\n'
-        '    ``nn.MultiheadAttention``); False (default) demotes it to the plain update with a WARNING.'
+        '    capture step (its construct is never called: its owner reads its weight directly); False\n'
+        '    (default) demotes it to the plain update with a WARNING.'
     ),
     "stat_fraction": (
         'stat_fraction (float): in (0, 1]; compute the batch A and G from the first\n'

@@ -120,7 +120,7 @@ class NGDOptimizer(Precondition, Inspection, Update, Guard, nn.Optimizer):
             when logging is not configured); False: never. The WARNING line naming every
             non-normalisation layer left to the plain update, with its reason, is logged either way.
         strict (bool): a preconditioned layer that captures nothing on its first capture step (its
-            construct is never called, e.g. ``out_proj`` of ``nn.MultiheadAttention``, or its output
+            construct is never called: its owner reads its weight directly; or its output
             never reaches the loss) raises a RuntimeError naming it; False (default) demotes it to the
             plain update with a WARNING.
         distributed: "auto" (default) -- distributed when ``mindspore.communication`` is initialised

@@ -104,7 +104,7 @@ class Inspection:
         if verbose is False:
             return
         plain = [p.name for i, p in enumerate(self._parameters) if self._roles[i][0] < 0 and self._roles[i][3] < 0]
-        norms = f"; unit-wise BatchNorm: {', '.join(s.name for s in self.norm_specs)}" if self.norm_specs else ""
+        norms = f"; unit-wise: {', '.join(s.name for s in self.norm_specs)}" if self.norm_specs else ""
         _log.info(verbose, "%s: preconditioning %d layers [%s]; plain momentum update for %d parameters [%s]%s",
                     name, len(self.layer_specs), ", ".join(s.name for s in self.layer_specs),
                     len(plain), ", ".join(plain), norms)
@@ -127,8 +127,8 @@ def report_invisible(owner, names, strict, flags):
     JIT fallback): a WARNING naming them, or with ``strict`` a RuntimeError."""
     found = [name for name, flag in zip(names, np.asarray(flags).reshape(-1)) if flag]
     what = (f"{owner}: {len(found)} preconditioned layer(s) captured no statistics on their first capture "
-            f"step: {', '.join(found)}. Their construct is never called (e.g. nn.MultiheadAttention reads "
-            "out_proj.weight directly) or their output does not reach the loss, so their Kronecker factors "
+            f"step: {', '.join(found)}. Their construct is never called (their owner reads their weight "
+            "directly) or their output does not reach the loss, so their Kronecker factors "
             "would stay zero and their step be grad/damping")
     if strict:
         raise RuntimeError(f"{what}. strict=True: name them in skip_layers to give them the plain update, or "
