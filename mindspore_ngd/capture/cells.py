@@ -195,7 +195,11 @@ class NormCapture(nn.Cell):
                                             name=f"{base}.f_batch", requires_grad=False))
         self.capture_f = Parameter(Tensor(True), name=f"{base}.capture_f", requires_grad=False)
         self.eps = spec.eps
-        self.last_axis = spec.kind == "layernorm"      # a LayerNorm's units are its last axis
+        # where the units sit: a BatchNorm's channels on axis 1, a LayerNorm's features on the last axis
+        if spec.kind == "layernorm":
+            self._unit_probe, self._normalized = factors.unit_probe_last, factors.layer_normalized_input
+        else:
+            self._unit_probe, self._normalized = factors.unit_probe, factors.normalized_input
         self.g_scale = 1.0 / float(loss_scale)
         self.grad_hook = ops.InsertGradientOf(self.save_fisher)
         self.bypass = False         # as LayerCapture.bypass
@@ -209,15 +213,9 @@ class NormCapture(nn.Cell):
         if self.bypass:
             return y
         # the hook sits outside the branch: a hook inside a value-returning branch fails to compile
-        if self.last_axis:
-            probe = self.grad_hook(factors.unit_probe_last(gamma, x.shape[0], x.ndim))
-        else:
-            probe = self.grad_hook(factors.unit_probe(gamma, x.shape[0], x.ndim))
+        probe = self.grad_hook(self._unit_probe(gamma, x.shape[0], x.ndim))
         if self.capture_f:
-            if self.last_axis:
-                xhat = factors.layer_normalized_input(x, self.eps)
-            else:
-                xhat = factors.normalized_input(x, self.eps)
+            xhat = self._normalized(x, self.eps)
             y = y + ops.cast(xhat * probe[0] + probe[1], y.dtype)
         return y
 

@@ -156,35 +156,32 @@ def _layernorm_unsupported_reason(cell):
     return None
 
 
+def _find_norms(network, classes, unsupported_reason, eps_attr, kind):
+    """``(specs, cells, skipped)`` for the cells of ``network`` of ``classes``: a :class:`NormSpec` of
+    ``kind`` for each one ``unsupported_reason`` accepts (its epsilon in the attribute ``eps_attr``),
+    ``(name, reason)`` for the others."""
+    specs, cells, skipped = [], [], []
+    for name, cell in network.cells_and_names():
+        if not isinstance(cell, classes) or not name:
+            continue
+        reason = unsupported_reason(cell)
+        if reason is not None:
+            skipped.append((name, reason))
+            continue
+        specs.append(NormSpec(name=name, gamma_name=cell.gamma.name, beta_name=cell.beta.name,
+                              channels=int(cell.gamma.shape[0]), eps=float(getattr(cell, eps_attr)), kind=kind))
+        cells.append(cell)
+    return specs, cells, skipped
+
+
 def find_layernorms(network):
     """``(specs, cells, skipped)`` for the ``nn.LayerNorm`` cells of ``network`` that normalise the last
     axis with a scale and shift per feature (the transformer's LayerNorm; ``normalized_shape`` of one
     axis, ``begin_norm_axis = begin_params_axis = -1``)."""
-    specs, cells, skipped = [], [], []
-    for name, cell in network.cells_and_names():
-        if not isinstance(cell, nn.LayerNorm) or not name:
-            continue
-        reason = _layernorm_unsupported_reason(cell)
-        if reason is not None:
-            skipped.append((name, reason))
-            continue
-        specs.append(NormSpec(name=name, gamma_name=cell.gamma.name, beta_name=cell.beta.name,
-                              channels=int(cell.gamma.shape[0]), eps=float(cell.epsilon), kind="layernorm"))
-        cells.append(cell)
-    return specs, cells, skipped
+    return _find_norms(network, nn.LayerNorm, _layernorm_unsupported_reason, "epsilon", "layernorm")
 
 
 def find_batchnorms(network):
     """``(specs, cells, skipped)`` for the ``nn.BatchNorm1d`` / ``nn.BatchNorm2d`` cells of ``network``."""
-    specs, cells, skipped = [], [], []
-    for name, cell in network.cells_and_names():
-        if not isinstance(cell, (nn.BatchNorm1d, nn.BatchNorm2d)) or not name:
-            continue
-        reason = _norm_unsupported_reason(cell)
-        if reason is not None:
-            skipped.append((name, reason))
-            continue
-        specs.append(NormSpec(name=name, gamma_name=cell.gamma.name, beta_name=cell.beta.name,
-                              channels=int(cell.gamma.shape[0]), eps=float(cell.eps)))
-        cells.append(cell)
-    return specs, cells, skipped
+    return _find_norms(network, (nn.BatchNorm1d, nn.BatchNorm2d), _norm_unsupported_reason, "eps",
+                       "batchnorm")
