@@ -5,15 +5,16 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
-from .._graph import corner
+from .._graph import corner, first
 from ..curvature import factors
 from .discover import _ATTR
-from .layer_types import geometry_of, layer_type_of, layer_type_of_class
+from .layer_types import layer_type_of, layer_type_of_class
 
 __all__ = ["LayerCapture", "NormCapture", "attach", "detach", "current_capture", "never_captured", "UNSEEN"]
 
-# a batch buffer whose [0, 0] entry is negative was never written by a capture: a real A or G is a
-# Gram matrix, its diagonal is >= 0 (NaN compares False and is left to the fold's finiteness check)
+# a batch buffer whose [0, 0] entry (a vector's [0]) is negative was never written by a capture: a real
+# A or G is a Gram matrix, its diagonal is >= 0 (an Embedding's A is the diagonal of one; NaN compares
+# False and is left to the fold's finiteness check)
 UNSEEN = -1.0
 
 
@@ -29,14 +30,17 @@ def _scratch(cell, attr, param):
     object.__setattr__(cell, attr, param)
 
 
-def _unseen(dim):
-    buffer = np.zeros((dim, dim), np.float32)
-    buffer[0, 0] = UNSEEN
+def _unseen(shape):
+    buffer = np.zeros(shape, np.float32)
+    buffer.flat[0] = UNSEEN
     return buffer
 
 
 def never_captured(batch):
-    """Whether a batch buffer still holds its initial ``UNSEEN`` mark (a graph-mode bool scalar)."""
+    """Whether a batch buffer still holds its initial ``UNSEEN`` mark (a graph-mode bool scalar): at
+    ``[0, 0]`` of a matrix, at ``[0]`` of a vector (an Embedding's diagonal A, whose entries are >= 0)."""
+    if batch.ndim == 1:
+        return first(batch) < 0
     return corner(batch) < 0
 
 
@@ -70,14 +74,16 @@ class LayerCapture(nn.Cell):
         super().__init__(auto_prefix=False)
         self.spec = spec
         base = f"{prefix}.{spec.name}"
-        _scratch(self, "a_batch", Parameter(Tensor(_unseen(spec.a_dim)), name=f"{base}.a_batch", requires_grad=False))
-        _scratch(self, "g_batch", Parameter(Tensor(_unseen(spec.g_dim)), name=f"{base}.g_batch", requires_grad=False))
+        layer_type = layer_type_of(spec)
+        _scratch(self, "a_batch", Parameter(Tensor(_unseen(layer_type.input_buffer_shape(spec.a_dim))),
+                                            name=f"{base}.a_batch", requires_grad=False))
+        _scratch(self, "g_batch", Parameter(Tensor(_unseen((spec.g_dim, spec.g_dim))), name=f"{base}.g_batch",
+                                            requires_grad=False))
         self.capture_a = Parameter(Tensor(True), name=f"{base}.capture_a", requires_grad=False)
         # T, the output positions a Conv2d's A sums over (1 for a Dense), written with every captured A:
         # the "positions" damping split (MindSpore's THOR) needs it; a shape, so the same every step
         _scratch(self, "positions", Parameter(Tensor(np.float32(1)), name=f"{base}.positions", requires_grad=False))
         self.capture_g = Parameter(Tensor(True), name=f"{base}.capture_g", requires_grad=False)
-        layer_type = layer_type_of(spec)
         self.has_positions = layer_type.has_positions
         self._input_factor, self._output_factor = layer_type.input_factor, layer_type.output_factor
         self._input_trace, self._positions = layer_type.input_trace, layer_type.positions
@@ -88,7 +94,7 @@ class LayerCapture(nn.Cell):
         if self.reduces:
             self._input_factor, self._output_factor, self._input_trace, self._output_trace = \
                 layer_type.reduce_formulas
-        self.geometry = geometry_of(spec)
+        self.geometry = layer_type.geometry(spec)
         self.has_bias = spec.has_bias
         self.g_scale = 1.0 / float(loss_scale) ** 2
         self.stat_fraction = float(stat_fraction)

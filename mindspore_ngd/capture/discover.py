@@ -1,8 +1,8 @@
 """Which layers of a network can capture Kronecker factors, and their geometry.
 
-:func:`find_layers` returns a :class:`LayerSpec` for each supported ``nn.Dense``, ``nn.Linear`` and
-(zero-padded, ``groups=1``) ``nn.Conv2d`` / ``mint.nn.Conv2d`` cell, and the reason for each such cell
-it cannot take; :func:`find_batchnorms` and :func:`find_layernorms` do the same for the BatchNorm and
+:func:`find_layers` returns a :class:`LayerSpec` for each supported ``nn.Dense``, ``nn.Linear``,
+(zero-padded, ``groups=1``) ``nn.Conv2d`` / ``mint.nn.Conv2d`` and ``nn.Embedding`` cell, and the
+reason for each such cell it cannot take; :func:`find_batchnorms` and :func:`find_layernorms` do the same for the BatchNorm and
 LayerNorm layers SP-NGD preconditions unit-wise. What depends on the kind of layer (the classes, their
 checks, ``a_dim`` / ``g_dim`` and geometry) is in the registry of :mod:`mindspore_ngd.capture.layer_types`.
 The capture itself is in :mod:`mindspore_ngd.capture.cells`.
@@ -31,13 +31,13 @@ LAYER_CLASSES = DENSE_CLASSES + CONV_CLASSES
 class LayerSpec:
     """What the engine needs to know about one preconditioned layer."""
     name: str                       # the cell's name in the network, e.g. "conv1" or "layer1.0.fc"
-    kind: str                       # "dense" or "conv2d": a key of layer_types.LAYER_TYPES (and of
-                                    # mindspore_ngd.curvature.registry.BLOCK_TYPES)
+    kind: str                       # "dense", "conv2d" or "embedding": a key of layer_types.LAYER_TYPES
+                                    # (and of mindspore_ngd.curvature.registry.BLOCK_TYPES)
     weight_name: str                # the weight Parameter's name (unchanged by capture)
     bias_name: Optional[str]        # the bias Parameter's name, None without bias
     weight_shape: Tuple[int, ...]
-    a_dim: int                      # in (* kh * kw) (+1 with bias)
-    g_dim: int                      # out
+    a_dim: int                      # in (* kh * kw) (+1 with bias); an Embedding's vocabulary size
+    g_dim: int                      # out; an Embedding's embedding size
     kernel_size: Tuple[int, int] = (1, 1)
     stride: Tuple[int, int] = (1, 1)
     dilation: Tuple[int, int] = (1, 1)
@@ -57,7 +57,7 @@ def _base_class(cell):
 
 
 def _unsupported_reason(cell, layer_type, base):
-    if not cell.weight.requires_grad:
+    if not layer_type.weight_of(cell).requires_grad:
         return "weight is not trainable"
     if type(cell).construct is not base.construct and not hasattr(cell, _ATTR):
         return "custom construct"
@@ -88,8 +88,8 @@ def _read_directly(network):
 
 
 def find_layers(network):
-    """Return ``(specs, cells, skipped)`` for the Dense/Linear/Conv2d cells of ``network`` (the cells
-    of every registered :class:`~mindspore_ngd.capture.layer_types.LayerType`).
+    """Return ``(specs, cells, skipped)`` for the Dense/Linear/Conv2d/Embedding cells of ``network`` (the
+    cells of every registered :class:`~mindspore_ngd.capture.layer_types.LayerType`).
 
     ``skipped`` lists ``(name, reason)`` for such cells that cannot be preconditioned; their
     parameters get the plain (momentum) update. Among them is ``out_proj`` of every
@@ -111,8 +111,9 @@ def find_layers(network):
         bias = _bias(cell)
         bias_name = None if bias is None else bias.name
         has_bias = bias is not None
-        w = tuple(cell.weight.shape)
-        spec = LayerSpec(name=name, kind=layer_type.kind, weight_name=cell.weight.name, bias_name=bias_name,
+        weight = layer_type.weight_of(cell)
+        w = tuple(weight.shape)
+        spec = LayerSpec(name=name, kind=layer_type.kind, weight_name=weight.name, bias_name=bias_name,
                          weight_shape=w, **layer_type.spec_fields(cell, w, has_bias))
         specs.append(spec)
         cells.append(cell)

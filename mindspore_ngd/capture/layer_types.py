@@ -1,7 +1,7 @@
 """The layer types Kronecker factors are captured for, in one registry keyed by kind.
 
-Each kind of layer (``LayerSpec.kind``: ``"dense"``, ``"conv2d"``) has one :class:`LayerType` that
-owns everything that depends on the kind: the cell classes it matches, the checks that refuse a
+Each kind of layer (``LayerSpec.kind``: ``"dense"``, ``"conv2d"``, ``"embedding"``) has one
+:class:`LayerType` that owns everything that depends on the kind: the cell classes it matches, the checks that refuse a
 cell of those classes, the kind's fields of a :class:`~mindspore_ngd.capture.LayerSpec` (``a_dim``,
 ``g_dim``, geometry), the capturing ``construct`` of each class, and the batch-statistic formulas of
 :mod:`mindspore_ngd.curvature.factors` the capture uses (A, G, the trace of A, and whether the
@@ -21,8 +21,8 @@ from mindspore import mint, nn
 
 from ..curvature import factors
 
-__all__ = ["LayerType", "DenseType", "Conv2dType", "LAYER_TYPES", "register_layer_type", "layer_type_of",
-           "layer_type_of_class", "geometry_of", "registered"]
+__all__ = ["LayerType", "DenseType", "Conv2dType", "EmbeddingType", "LAYER_TYPES", "register_layer_type",
+           "layer_type_of", "layer_type_of_class", "geometry_of", "registered"]
 
 
 def _pair(value):
@@ -59,6 +59,21 @@ class LayerType:
     # K-FAC-reduce's formulas (``sequence_approx="reduce"``), for a kind whose inputs may be sequences:
     # (input_factor, output_factor, input_trace, output_trace), or None when the kind has none
     reduce_formulas = None
+
+    # the attribute holding the layer's weight Parameter
+    weight_attr = "weight"
+
+    def weight_of(self, cell):
+        """The layer's weight Parameter."""
+        return getattr(cell, self.weight_attr)
+
+    def geometry(self, spec):
+        """The constant argument the formulas take (``geometry``): :func:`geometry_of` by default."""
+        return geometry_of(spec)
+
+    def input_buffer_shape(self, a_dim):
+        """The shape of one batch A (and of the stored A): a square (a_dim, a_dim) matrix by default."""
+        return (a_dim, a_dim)
 
     def base_class(self, cls):
         """The class of :attr:`classes` that ``cls`` subclasses, or None."""
@@ -196,6 +211,25 @@ class _CapturedMintConv2d:
         return self.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
+class _CapturedEmbedding:
+    """construct of a capturing nn.Embedding (same computation as ``nn.Embedding.construct``): the token
+    ids as A's input, the G hook on the looked-up rows (training mode only)."""
+
+    def construct(self, ids):
+        out_shape = self.get_shp(ids) + (self.embedding_size,)
+        flat_ids = self.reshape_flat(ids, self.shp_flat)
+        if self.training:
+            flat_ids = self._ngd_capture.capture_input(flat_ids)
+        if self.use_one_hot:
+            one_hot_ids = self.one_hot(flat_ids, self.vocab_size, self.on_value, self.off_value)
+            rows = self.array_mul(one_hot_ids, self.embedding_table)
+        else:
+            rows = self.gather(self.embedding_table, flat_ids, 0)
+        if self.training:
+            rows = self._ngd_capture.grad_hook(rows)
+        return self.reshape(rows, out_shape)
+
+
 # ------------------------------------------------------------------------------------ the kinds
 def _dense_reduce_input_factor(x, geometry, has_bias, fraction, position_stride):
     return factors.dense_reduce_input_factor(x, has_bias, fraction)
@@ -310,6 +344,46 @@ class Conv2dType(LayerType):
         return factors.conv_positions(x, kernel_size, stride, dilation, pad_mode, padding)
 
 
+class EmbeddingType(LayerType):
+    """``nn.Embedding`` (weight ``embedding_table``, (vocab, dim)): a Dense layer whose input is the one-hot
+    token, every token an example. Its A is then diagonal, the tokens' frequencies in the batch, and is
+    kept as that vector (:class:`~mindspore_ngd.curvature.embedding.EmbeddingBlock`); G is a Dense
+    layer's over the looked-up rows. ``a_dim`` is the vocabulary size, ``g_dim`` the embedding size."""
+    kind = "embedding"
+    classes = (nn.Embedding,)
+    constructs = ((nn.Embedding, _CapturedEmbedding),)
+    has_positions = False
+    probe_rank = 2
+    weight_attr = "embedding_table"
+
+    def spec_fields(self, cell, weight_shape, has_bias):
+        return {"a_dim": weight_shape[0], "g_dim": weight_shape[1]}
+
+    def geometry(self, spec):
+        return spec.a_dim                                   # the vocabulary size
+
+    def input_buffer_shape(self, a_dim):
+        return (a_dim,)
+
+    def statistic_shape(self, shape):
+        return (int(np.prod(shape[:-1])), shape[-1])
+
+    def positions_per_example(self, x_shape, y_shape, batch):
+        return int(np.prod(x_shape)) // batch
+
+    @staticmethod
+    def input_factor(x, geometry, has_bias, fraction, position_stride):
+        return factors.embedding_input_factor(x, geometry, fraction)
+
+    @staticmethod
+    def output_factor(dy, g_scale, fraction, position_stride):
+        return factors.dense_output_factor(dy, g_scale, fraction)
+
+    @staticmethod
+    def input_trace(x, geometry, has_bias):
+        return factors.embedding_input_trace(x, geometry)
+
+
 # ------------------------------------------------------------------------------------ the registry
 LAYER_TYPES = {}
 """kind -> :class:`LayerType`, in registration order (the order :func:`find_layers` tries them)."""
@@ -359,3 +433,4 @@ def layer_type_of_class(cls):
 
 DENSE = register_layer_type(DenseType())
 CONV2D = register_layer_type(Conv2dType())
+EMBEDDING = register_layer_type(EmbeddingType())

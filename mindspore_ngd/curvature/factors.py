@@ -16,6 +16,11 @@ B examples whose training loss is the MEAN of the per-example losses l_b:
 * Conv2d (KFC): the weight (out, in, kh, kw) is flattened row-major to (out, in*kh*kw). For the T
   output positions ``abar_{b,t}`` is the im2col patch (zero padding included, 1 appended with a
   bias): ``A = (1/B) sum_{b,t} abar abar^T``, ``G = (1/(B*T)) sum_{b,t} g g^T = (B/T) sum dy dy^T``.
+* Embedding (a Dense layer without bias whose input is the one-hot token ``e_v``, every token of the
+  batch an example: N = B R rows): ``A = (1/N) sum_n e_{v_n} e_{v_n}^T = diag(c_v / N)``, the tokens'
+  frequencies in the batch, kept as that vector; ``G = N sum_n dy_n dy_n^T`` over the looked-up rows, a
+  Dense layer's (K-FAC-expand). Its trace is 1 (an id outside ``[0, vocab)`` looks up zeros and counts
+  for nothing).
 * ``g_scale`` multiplies G: it is ``1 / loss_scale**2`` so that G is computed from unscaled
   gradients.
 
@@ -51,7 +56,7 @@ from .._graph import divide, gram as _gram, permuted, transposed
 __all__ = ["kept_rows", "kept_examples", "output_sum", "dense_input_factor", "dense_output_factor",
            "conv_input_factor", "conv_output_factor", "conv_patches", "conv_positions", "same_padding", "dense_input_trace",
            "conv_input_trace", "output_trace", "dense_reduce_input_factor", "dense_reduce_output_factor",
-           "dense_reduce_input_trace", "dense_reduce_output_trace",
+           "dense_reduce_input_trace", "dense_reduce_output_trace", "embedding_input_factor", "embedding_input_trace",
            "unit_probe", "normalized_input", "unit_probe_last",
            "layer_normalized_input", "unit_fisher", "unit_natural_gradient"]
 
@@ -116,6 +121,25 @@ def dense_output_factor(dy, g_scale, fraction=1.0):
     rows = dy.shape[0]
     dy, kept = kept_examples(dy, fraction)
     return _gram(dy) * (rows * (rows / kept) * g_scale)        # rows / kept is exactly 1.0 when m = B
+
+
+def embedding_input_factor(ids, vocab, fraction=1.0):
+    """A of an Embedding layer from its flat token ids (N,): the diagonal ``c_v / m`` as a (vocab,) vector,
+    ``c_v`` the count of token v among the first ``m`` ids (module docstring). Ids outside ``[0, vocab)``
+    (which look up zeros) are not counted."""
+    ids, kept = kept_examples(ids.reshape(-1), fraction)
+    ids = ops.cast(ids, ms.int32)
+    inside = ops.logical_and(ids >= 0, ids < vocab)
+    ones = ops.cast(inside, ms.float32)
+    counts = ops.unsorted_segment_sum(ones, ops.where(inside, ids, ops.zeros_like(ids)), vocab)
+    return counts / float(kept)
+
+
+def embedding_input_trace(ids, vocab):
+    """trace(A) of an Embedding layer without forming A: the fraction of ids inside ``[0, vocab)``."""
+    ids = ops.cast(ids.reshape(-1), ms.int32)
+    inside = ops.logical_and(ids >= 0, ids < vocab)
+    return ops.reduce_sum(ops.cast(inside, ms.float32)) / float(ids.shape[0])
 
 
 def _sequences(x):

@@ -66,6 +66,9 @@ _CS_RELATIVE_SLACK = 1e-3
 
 
 def _trace(m):
+    """The trace of a factor: of a (D, D) matrix, or of a diagonal factor kept as its (D,) diagonal."""
+    if m.ndim == 1:
+        return ops.reduce_sum(m)
     return ops.trace(m)
 
 
@@ -150,10 +153,15 @@ def sanitized_blocks(m, layout):
     or of the identity when ``m`` cannot be PSD), the verdict, and the trace of the factor inverted
     (``m``'s, or ``D``).
 
-    One block: :func:`sanitize`. Several: only the diagonal blocks, the part that is inverted, are
+    A diagonal factor kept as its (D,) diagonal is valid when finite and >= 0 (the identity's diagonal
+    replaces it otherwise). One block: :func:`sanitize`. Several: only the diagonal blocks, the part that is inverted, are
     checked (``nb * s^2`` entries instead of ``D^2``; an off-diagonal entry of the factor no longer
     rejects it). The trace is the full factor's, as :func:`trace_jitter` and the damping split use it.
     """
+    if m.ndim == 1:                     # a diagonal factor (an Embedding's A): PSD iff finite and >= 0
+        valid = ops.logical_and(ops.all(ops.isfinite(m)), ops.all(m >= 0))
+        safe = choose(valid, m, ops.ones_like(m))
+        return safe, valid, _trace(safe)
     if layout.count == 1:
         safe, valid = sanitize(m)
         return safe, valid, _trace(safe)
@@ -231,7 +239,8 @@ def damped_inverse(blocks, shift, method, jitter_shift, warm=None, trust_warm=No
 
     ``blocks`` is one sanitized (D, D) factor or a (nb, s, s) stack of its diagonal blocks
     (:func:`mindspore_ngd.curvature.blocks.to_blocks`): a dense factor is the one-block case, and
-    both go through the same code. ``jitter_shift`` is :func:`trace_jitter` of the full factor,
+    both go through the same code. A diagonal factor kept as its (D,) diagonal (an Embedding's A) is
+    inverted entrywise, whatever ``method``, into its inverse's diagonal. ``jitter_shift`` is :func:`trace_jitter` of the full factor,
     shared by all blocks. ``ok`` is False when the result is not finite or has a non-positive
     diagonal (the inverse of an SPD matrix has a positive diagonal); with ``method="eigh"`` also
     when an eigenvalue lies below ``-1e-4 * max |eigenvalue|`` (an indefinite factor); with
@@ -242,6 +251,9 @@ def damped_inverse(blocks, shift, method, jitter_shift, warm=None, trust_warm=No
     """
     if method not in INVERSE_METHODS:
         raise ValueError(f"unknown inverse method {method!r}; expected one of {INVERSE_METHODS}")
+    if blocks.ndim == 1:                # a diagonal factor kept as its (D,) diagonal: every method agrees
+        inv = divide(ops.ones_like(blocks), blocks + (shift + jitter_shift))
+        return inv, ops.logical_and(ops.all(ops.isfinite(inv)), ops.all(inv > 0))
     sym = (blocks + transposed(blocks)) * 0.5
     total = shift + jitter_shift
     failed = ops.zeros((), ms.bool_)

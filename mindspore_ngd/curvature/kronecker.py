@@ -89,14 +89,22 @@ class KroneckerBlock(nn.Cell):
         self.bias_index = bias_index
         self.owned = owned
         base = f"{prefix}.{spec.name}"
-        self.a_layout = BlockLayout.of(spec.a_dim, split_dim)
+        self.a_layout = self._input_layout(spec.a_dim, split_dim)
         self.g_layout = BlockLayout.of(spec.g_dim, split_dim)
-        self.a_factor = _square(spec.a_dim, f"{base}.A", 0.0, owned)
+        self.a_factor, self.a_inverse = self._input_state(base, owned)
         self.g_factor = _square(spec.g_dim, f"{base}.G", 0.0, owned)
-        self.a_inverse = _identity_inverse(self.a_layout, f"{base}.A_inv", owned)
         self.g_inverse = _identity_inverse(self.g_layout, f"{base}.G_inv", owned)
         self.capture = LayerCapture(spec, prefix, loss_scale, traces, sums_gradient, stat_fraction, stat_stride,
                                     sequence_approx)
+
+    def _input_layout(self, a_dim, split_dim):
+        """How A is inverted: dense, or (THOR's ``split_dim``) as diagonal blocks."""
+        return BlockLayout.of(a_dim, split_dim)
+
+    def _input_state(self, base, owned):
+        """The Parameters ``{base}.A`` (zeros) and ``{base}.A_inv`` (the identity)."""
+        return (_square(self.spec.a_dim, f"{base}.A", 0.0, owned),
+                _identity_inverse(self.a_layout, f"{base}.A_inv", owned))
 
     # ------------------------------------------------------------------ factors
     def factors(self):
@@ -105,6 +113,10 @@ class KroneckerBlock(nn.Cell):
 
     def factor(self, which):
         return self.g_factor if which else self.a_factor
+
+    def factor_trace(self, which):
+        """The trace of the stored A (``which`` 0) or G (1)."""
+        return ops.trace(self.factor(which))
 
     def batch(self, token):
         """The captured batch (A, G), read after ``token`` (a value computed from every gradient: the

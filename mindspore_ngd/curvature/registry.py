@@ -10,6 +10,7 @@ kind           block type                      block
 =============  ==============================  =====================================================
 ``dense``      :class:`KroneckerType`          :class:`~.kronecker.KroneckerBlock`: ``A (x) G``
 ``conv2d``     :class:`KroneckerType`          :class:`~.kronecker.KroneckerBlock`: ``A (x) G``
+``embedding``  :class:`EmbeddingType`          :class:`~.embedding.EmbeddingBlock`: ``diag(a) (x) G``
 ``batchnorm``  :class:`UnitBatchNormType`      :class:`~.unitwise.UnitBatchNormBlock`: 2x2 per unit
 ``layernorm``  :class:`UnitBatchNormType`      :class:`~.unitwise.UnitBatchNormBlock`: 2x2 per unit
 =============  ==============================  =====================================================
@@ -35,11 +36,12 @@ from typing import Any, Mapping
 
 from ..capture.layer_types import registered
 from .blocks import block_layout, inverse_cubes, precondition_flops
+from .embedding import EmbeddingBlock
 from .kronecker import KroneckerBlock
 from .unitwise import UnitBatchNormBlock
 
-__all__ = ["BlockContext", "BlockType", "KroneckerType", "UnitBatchNormType", "BLOCK_TYPES", "KRONECKER",
-           "UNIT_BATCHNORM", "register_block_type", "block_type_of", "block_layout", "inverse_flops",
+__all__ = ["BlockContext", "BlockType", "KroneckerType", "EmbeddingType", "UnitBatchNormType", "BLOCK_TYPES",
+           "KRONECKER", "EMBEDDING", "UNIT_BATCHNORM", "register_block_type", "block_type_of", "block_layout", "inverse_flops",
            "precondition_flops", "INVERSE_FLOPS_PER_CUBE"]
 
 # FLOPs of a damped inverse per D^3: the Cholesky-based inverse as LAPACK does it (potrf D^3/3 +
@@ -74,11 +76,18 @@ class BlockType:
         block_class (type): the class of its blocks.
         statistics (tuple of str): the suffixes of the statistics one block keeps, in the order the
             estimator lists them (``{layer}.{suffix}``).
+        exchanged (bool): the distributed exchange can carry its statistics (False: a distributed
+            optimizer leaves its layers to the plain update, with the reason in its WARNING line).
+        opt_in (str or None): the :class:`~mindspore_ngd.Policy` field that must be True for its layers
+            to be preconditioned (None: always); otherwise they get the plain update, with the reason in
+            the WARNING line.
     """
     family = None
     kinds = ()
     block_class = None
     statistics = ()
+    exchanged = True
+    opt_in = None
 
     def build(self, spec, context, owned=True, sums_gradient=False):
         """The block of the layer ``spec``. ``owned``: this rank folds, inverts and preconditions it;
@@ -123,6 +132,33 @@ class KroneckerType(BlockType):
                 "precondition": precondition_flops(g, a, split_dim)}
 
 
+class EmbeddingType(KroneckerType):
+    """nn.Embedding layers: an :class:`~mindspore_ngd.curvature.embedding.EmbeddingBlock` each, a Kronecker
+    block whose A is the (vocab,) diagonal of the tokens' frequencies."""
+    family = "kronecker"
+    kinds = ("embedding",)
+    block_class = EmbeddingBlock
+    exchanged = False           # the exchange packs square factors (parallel/comm.py)
+    opt_in = "precondition_embeddings"
+
+    def build(self, spec, context, owned=True, sums_gradient=False):
+        policy, index = context.policy, context.index
+        return EmbeddingBlock(spec, context.prefix, index[spec.weight_name], -1, owned, policy.split_dim,
+                              context.loss_scale, context.traces, policy.damping_split, policy.inverse_method,
+                              policy.jitter, sums_gradient, policy.stat_fraction, policy.stat_stride,
+                              policy.sequence_approx)
+
+    def flops(self, spec, batch, positions, split_dim=None):
+        """As :meth:`KroneckerType.flops`, for a lookup (no forward arithmetic; the backward pass scatters
+        the rows' gradients) and a diagonal A (counted, inverted and applied entrywise)."""
+        v, g = spec.a_dim, spec.g_dim
+        rows = batch * positions
+        g_count, g_size = block_layout(g, split_dim)
+        return {"forward": 0, "backward": rows * g, "capture_a": rows, "capture_g": 2 * rows * g * g,
+                "inverse_a": v, "inverse_g": inverse_flops(g, split_dim),
+                "precondition": 2 * v * g_count * g_size ** 2 + v * g}
+
+
 class UnitBatchNormType(BlockType):
     """BatchNorm and LayerNorm layers preconditioned unit-wise (SP-NGD): a
     :class:`~mindspore_ngd.curvature.unitwise.UnitBatchNormBlock` each (the block does not depend on the
@@ -161,4 +197,5 @@ def block_type_of(spec):
 
 
 KRONECKER = register_block_type(KroneckerType())
+EMBEDDING = register_block_type(EmbeddingType())
 UNIT_BATCHNORM = register_block_type(UnitBatchNormType())

@@ -36,7 +36,10 @@ def relative_changes(new, old):
 
 def damped_square_norm(matrix, shift):
     """``|M + shift I|_F^2`` of a square matrix, without forming it: ``|M|_F^2 + 2 shift tr(M) +
-    shift^2 dim``."""
+    shift^2 dim``; of a diagonal factor kept as its (D,) diagonal ``d``: ``sum (d + shift)^2``."""
+    if matrix.ndim == 1:
+        shifted = matrix + shift
+        return ops.reduce_sum(shifted * shifted)
     return ops.reduce_sum(matrix * matrix) + 2.0 * shift * ops.trace(matrix) + shift * shift * matrix.shape[0]
 
 

@@ -23,12 +23,13 @@ class KFAC(NGDOptimizer):
 
     (``damping_split="sqrt"`` uses ``pi = 1``). The update then is optional KL clipping,
     ``P <- nu P`` with ``nu = min(1, sqrt(kl_clip / (lr^2 sum <P, grad>)))``, followed by weight decay and
-    ``nn.Momentum``'s update. Other trainable parameters (BatchNorm, LayerNorm, grouped convolutions,
-    embeddings, ...) get the plain momentum update; one WARNING line at construction names every
+    ``nn.Momentum``'s update. ``nn.Embedding`` layers are preconditioned with a diagonal A, the tokens'
+    frequencies (on one device). Other trainable parameters (BatchNorm, LayerNorm, grouped convolutions,
+    ...) get the plain momentum update; one WARNING line at construction names every
     such layer that is not a normalisation layer, with the reason.
 
     Args:
-        network (nn.Cell): the network to train. Its Dense/Conv2d cells capture factors in place;
+        network (nn.Cell): the network to train. Its Dense/Conv2d/Embedding cells capture factors in place;
             parameter names and the network's checkpoint are unchanged.
         learning_rate (Union[float, list, numpy.ndarray, Tensor, LearningRateSchedule]): >= 0, the
             forms ``nn.Momentum`` accepts (warm-up schedules such as ``nn.warmup_lr`` start at 0).
@@ -94,12 +95,14 @@ class KFAC(NGDOptimizer):
                  distributed="auto", grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, divergence_growth=1e3, params=None, strict=False,
                  host_calls="auto",
-                 stat_fraction=1.0, stat_stride=1, nesterov=None, split_dim=None, sequence_approx="expand"):
+                 stat_fraction=1.0, stat_stride=1, nesterov=None, split_dim=None, sequence_approx="expand",
+                 precondition_embeddings=True):
         policy = Policy(name="kfac", refresh=FixedInterval(factor_update_interval, inverse_update_interval),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip, jitter=jitter,
                         split_dim=split_dim,
                         fisher=fisher, adaptive_damping=adaptive_damping, stat_fraction=stat_fraction,
-                        stat_stride=stat_stride, sequence_approx=sequence_approx)
+                        stat_stride=stat_stride, sequence_approx=sequence_approx,
+                        precondition_embeddings=precondition_embeddings)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, use_nesterov=resolve_nesterov(use_nesterov, nesterov), decay_filter=decay_filter,

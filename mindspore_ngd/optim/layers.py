@@ -3,8 +3,10 @@ from mindspore import mint, nn
 
 from ..capture import find_batchnorms, find_layernorms, find_layers
 from ..capture.loss_scale import reference_batchnorm
+from ..curvature.registry import block_type_of
 
-__all__ = ["discover", "parameter_roles", "plain_layers", "scale_batchnorm", "NORM_CLASSES"]
+__all__ = ["discover", "parameter_roles", "plain_layers", "scale_batchnorm", "single_device_only", "SINGLE_DEVICE",
+           "NORM_CLASSES"]
 
 _NORM_NAMES = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "LayerNorm", "LayerNormExt",
                "GroupNorm", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d")
@@ -14,22 +16,31 @@ NORM_CLASSES = tuple({getattr(module, name) for module in (nn, mint.nn) for name
                       if isinstance(getattr(module, name, None), type)})
 
 
-def discover(network, skip_layers, unit_batchnorm):
+def discover(network, skip_layers, unit_batchnorm, policy=None):
     """``(specs, cells, norm_specs, norm_cells, skipped)`` for ``network``.
 
-    ``specs``/``cells``: the Dense/Conv2d layers to precondition (all supported ones except those named
-    in ``skip_layers``); ``norm_*``: the BatchNorm, then the LayerNorm layers preconditioned unit-wise
-    (only when ``unit_batchnorm``); ``skipped``: ``(name, reason)`` of the layers left to the plain update.
-    Raises ValueError for a ``skip_layers`` name that is no Dense/Conv2d cell, or a network with
-    nothing to precondition.
+    ``specs``/``cells``: the Dense/Conv2d/Embedding layers to precondition: every supported one except
+    those named in ``skip_layers`` and those of a block type whose ``opt_in`` switch of ``policy`` is off
+    (``precondition_embeddings`` for nn.Embedding); ``norm_*``: the BatchNorm, then the LayerNorm layers
+    preconditioned unit-wise (only when ``unit_batchnorm``); ``skipped``: ``(name, reason)`` of the layers
+    left to the plain update. Raises ValueError for a ``skip_layers`` name that is no such cell, or a
+    network with nothing to precondition.
     """
     skip_layers = set(skip_layers)
     specs, cells, skipped = find_layers(network)
     unknown = skip_layers - {s.name for s in specs} - {n for n, _ in skipped}
     if unknown:
-        raise ValueError(f"skip_layers names no Dense/Conv2d cell of the network: {sorted(unknown)}")
-    keep = [i for i, s in enumerate(specs) if s.name not in skip_layers]
-    skipped += [(specs[i].name, "skip_layers") for i in range(len(specs)) if i not in keep]
+        raise ValueError(f"skip_layers names no Dense/Conv2d/Embedding cell of the network: {sorted(unknown)}")
+    reasons = {}
+    for s in specs:
+        if s.name in skip_layers:
+            reasons[s.name] = "skip_layers"
+        else:
+            switch = block_type_of(s).opt_in
+            if switch is not None and not getattr(policy, switch, False):
+                reasons[s.name] = f"{switch}=False"
+    keep = [i for i, s in enumerate(specs) if s.name not in reasons]
+    skipped += [(specs[i].name, reasons[specs[i].name]) for i in range(len(specs)) if i not in keep]
     specs, cells = [specs[i] for i in keep], [cells[i] for i in keep]
     norm_specs, norm_cells = [], []
     if unit_batchnorm:
@@ -40,6 +51,20 @@ def discover(network, skip_layers, unit_batchnorm):
         raise ValueError("network has no nn.Dense or nn.Conv2d layer that can be preconditioned"
                          + (f" (skipped: {skipped})" if skipped else ""))
     return specs, cells, norm_specs, norm_cells, skipped
+
+
+SINGLE_DEVICE = "preconditioned on one device only (its diagonal A is not packed for the exchange between ranks)"
+
+
+def single_device_only(specs, cells, skipped):
+    """``(specs, cells, skipped)`` of a distributed optimizer: the layers whose block type the exchange
+    cannot carry (``BlockType.exchanged`` False: nn.Embedding's) move to ``skipped`` with the reason
+    :data:`SINGLE_DEVICE`. ValueError when nothing is left to precondition."""
+    keep = [i for i, s in enumerate(specs) if block_type_of(s).exchanged]
+    skipped = skipped + [(specs[i].name, SINGLE_DEVICE) for i in range(len(specs)) if i not in keep]
+    if not keep:
+        raise ValueError(f"distributed: no layer of the network can be preconditioned across ranks (skipped: {skipped})")
+    return [specs[i] for i in keep], [cells[i] for i in keep], skipped
 
 
 def scale_batchnorm(network, norm_cells, index):

@@ -70,6 +70,10 @@ class Policy:
             rows as an example, "reduce" each of the B examples once, its rows averaged on the input
             side and summed on the output side (K-FAC-expand and K-FAC-reduce, Eschenhagen et al.
             2023; :mod:`mindspore_ngd.curvature.factors`). Two-dimensional inputs are the same either way.
+        precondition_embeddings: bool; precondition ``nn.Embedding`` layers, with a diagonal A (the
+            tokens' frequencies; :mod:`mindspore_ngd.curvature.embedding`); False (the field's default):
+            they get the plain update, named in the WARNING line. KFAC and THOR pass True, SPNGD False
+            (docs/api.md, "Defaults that differ").
     """
     name: str = "kfac"
     refresh: Union[FixedInterval, StaleIntervals, GrowingInterval] = FixedInterval()
@@ -87,6 +91,7 @@ class Policy:
     stat_fraction: float = 1.0
     stat_stride: int = 1
     sequence_approx: str = "expand"
+    precondition_embeddings: bool = False
 
     def validated(self):
         """The policy itself, after checking every field (TypeError/ValueError naming the field)."""
@@ -112,6 +117,8 @@ class Policy:
         _validate.fraction("stat_fraction", self.stat_fraction)
         _validate.positive_int("stat_stride", self.stat_stride)
         _validate.one_of("sequence_approx", self.sequence_approx, SEQUENCE_APPROXIMATIONS)
+        if not isinstance(self.precondition_embeddings, bool):
+            raise TypeError(f"precondition_embeddings must be a bool, got {type(self.precondition_embeddings).__name__}")
         return self
 
     def resolved(self, device_target=None):

@@ -8,11 +8,17 @@ from mindspore import nn
 from mindspore.ops import constexpr
 
 from .. import _log, _validate
+from ..capture.layer_types import layer_type_of
 
 __all__ = ["Inspection", "not_training_message", "report_invisible", "training_loss_message", "loss_refusal",
            "register_for_loss_check"]
 
 logger = logging.getLogger("mindspore_ngd")
+
+
+def _factor_floats(spec):
+    """Floats of one layer's A and G (an Embedding's A is its diagonal)."""
+    return int(np.prod(layer_type_of(spec).input_buffer_shape(spec.a_dim))) + spec.g_dim ** 2
 
 
 class Inspection:
@@ -67,12 +73,14 @@ class Inspection:
         """A printable table of the preconditioned layers and their factor sizes."""
         rows = [("layer", "kind", "weight", "bias", "A", "G")]
         for s in self.layer_specs:
+            a_shape = layer_type_of(s).input_buffer_shape(s.a_dim)
             rows.append((s.name, s.kind, "x".join(map(str, s.weight_shape)), "yes" if s.has_bias else "no",
-                         f"{s.a_dim}x{s.a_dim}", f"{s.g_dim}x{s.g_dim}"))
+                         "x".join(map(str, a_shape)) + (" (diagonal)" if len(a_shape) == 1 else ""),
+                         f"{s.g_dim}x{s.g_dim}"))
         widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
-        floats = sum(s.a_dim ** 2 + s.g_dim ** 2 for s in self.layer_specs)
+        floats = sum(_factor_floats(s) for s in self.layer_specs)
         lines.append(f"{len(self.layer_specs)} preconditioned layers, {floats:,} floats per factor set "
                      f"({4 * floats / 2 ** 20:.1f} MiB; factors, inverses and batch buffers hold 3 sets)")
         for reason, cell in self.plain_layers:
@@ -81,7 +89,7 @@ class Inspection:
         if demoted:
             lines.append(f"demoted to the plain update (captured nothing): {', '.join(demoted)}")
         if self.communicator is not None:
-            owned = sum(b.spec.a_dim ** 2 + b.spec.g_dim ** 2 for b in self.blocks if b.owned)
+            owned = sum(_factor_floats(b.spec) for b in self.blocks if b.owned)
             lines.append(f"distributed: rank {self.communicator.rank} of {self.communicator.world_size} owns "
                          f"{len(self.owned_layers)} layers [{', '.join(self.owned_layers)}], {owned:,} floats per "
                          "factor set (the others hold 1x1 placeholders; batch buffers stay whole)")

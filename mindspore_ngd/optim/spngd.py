@@ -103,14 +103,14 @@ class SPNGD(NGDOptimizer):
                  adaptive_damping=True, divergence_patience=10, divergence_growth=1e3, params=None, strict=False,
                  host_calls="auto",
                  stat_fraction=1.0, stat_stride=1, refresh_measure="damped", nesterov=None, split_dim=None,
-                 sequence_approx="expand"):
+                 sequence_approx="expand", precondition_embeddings=False):
         floor = _validate.non_negative_float("weight_decay", weight_decay)
         policy = Policy(name="spngd", refresh=StaleIntervals(refresh_threshold, max_interval, stale, refresh_measure),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip,
                         jitter=jitter, batchnorm_damping=batchnorm_damping, damping_floor=floor, fisher=fisher,
                         split_dim=split_dim,
                         adaptive_damping=adaptive_damping, stat_fraction=stat_fraction, stat_stride=stat_stride,
-                        sequence_approx=sequence_approx)
+                        sequence_approx=sequence_approx, precondition_embeddings=precondition_embeddings)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, use_nesterov=resolve_nesterov(use_nesterov, nesterov), decay_filter=decay_filter,

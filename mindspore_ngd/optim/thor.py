@@ -91,7 +91,7 @@ class THOR(NGDOptimizer):
                  grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, divergence_growth=1e3, params=None, strict=False,
                  host_calls="auto",
-                 stat_fraction=1.0, stat_stride=1, sequence_approx="expand"):
+                 stat_fraction=1.0, stat_stride=1, sequence_approx="expand", precondition_embeddings=True):
         if batch_size is not None:
             _validate.positive_int("batch_size", batch_size)
         if split_indices is not None and not isinstance(split_indices, (list, tuple)):
@@ -105,7 +105,8 @@ class THOR(NGDOptimizer):
         policy = Policy(name="thor", refresh=rule, damping_split=damping_split, inverse_method=inverse_method,
                         kl_clip=kl_clip, jitter=jitter, split_dim=split_dim,
                         clip_norm=1.0 if enable_clip_grad else None, adaptive_damping=adaptive_damping,
-                        stat_fraction=stat_fraction, stat_stride=stat_stride, sequence_approx=sequence_approx)
+                        stat_fraction=stat_fraction, stat_stride=stat_stride, sequence_approx=sequence_approx,
+                        precondition_embeddings=precondition_embeddings)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=use_nesterov, decay_filter=decay_filter, verbose=verbose,

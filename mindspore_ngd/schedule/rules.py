@@ -347,7 +347,7 @@ class _GrowingCell(_RuleCell):
                 block = self.blocks[k]
                 trace = ops.depend(block.batch_trace(which), token)
                 batch += (trace * self.control.g_correction() if which else trace,)
-                stored += (ops.trace(block.factor(which)) if block.owned else zero,)
+                stored += (block.factor_trace(which) if block.owned else zero,)
         total = self.exchange.share_traces(ops.stack(batch + stored))
         count = 2 * layers
         change = relative_changes(total[:count] / self.exchange.world_size,

@@ -18,6 +18,7 @@ from mindspore.train import Model
 import mindspore.dataset as ds
 
 import mindspore_ngd as ngd
+from benchmarks.embedding_choice import TokenEncoder, token_task
 from mindspore_ngd.capture import find_layernorms
 from nets import set_weights
 from reference import numpy_kfac as ref
@@ -121,27 +122,15 @@ def test_only_layernorms_over_the_last_axis_are_taken_and_the_others_are_named()
     assert ngd.KFAC(SeqNet(), learning_rate=0.1, verbose=False).norm_blocks == ()
 
 
-class TinyEncoder(nn.Cell):
-    """A byte-level classifier on MindSpore's stock nn.TransformerEncoderLayer (two LayerNorms)."""
-
-    def __init__(self, vocab=16, width=16, classes=2):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, width)
-        self.layer = nn.TransformerEncoderLayer(width, 2, dim_feedforward=32, dropout=0.0, batch_first=True)
-        self.head = nn.Dense(width, classes)
-
-    def construct(self, tokens):
-        return self.head(self.layer(self.embed(tokens)).mean(1))
+# a token classifier on MindSpore's stock nn.TransformerEncoderLayer (two LayerNorms), and its task
+TinyEncoder = TokenEncoder
 
 
 def test_spngd_trains_a_stock_transformer_encoder_layer_in_model_train():
     """The label is whether token 1 occurs in the sequence: SP-NGD preconditions both LayerNorms unit-wise
     and the training loss falls."""
     ms.set_seed(0)
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(2, 16, (256, 8)).astype(np.int32)
-    labels = (rng.random(256) < 0.5).astype(np.int32)
-    tokens[labels == 1, rng.integers(0, 8, int(labels.sum()))] = 1
+    tokens, labels = token_task(0)
     net = TinyEncoder()
     opt = ngd.SPNGD(net, learning_rate=0.05, damping=1e-2, verbose=False)
     assert sorted(block.spec.name for block in opt.norm_blocks) == ["layer.norm1", "layer.norm2"]

@@ -281,9 +281,9 @@ def test_one_warning_line_names_every_plain_layer_by_reason(caplog):
         opt = ngd.KFAC(Everything(), learning_rate=0.1, skip_layers=["skipped"])
     warned = warnings_of(caplog)
     assert warned == [
-        "KFAC: the trainable parameters of 11 layer(s) are not preconditioned and get the plain momentum update -- "
+        "KFAC: the trainable parameters of 10 layer(s) are not preconditioned and get the plain momentum update -- "
         "parameters owned by the network itself: offset; group=2 convolution: gconv; "
-        "layer type not preconditioned: conv1d (Conv1d), conv3d (Conv3d), deconv (Conv2dTranspose), emb (Embedding), "
+        "layer type not preconditioned: conv1d (Conv1d), conv3d (Conv3d), deconv (Conv2dTranspose), "
         "lstm (LSTM); weight is not trainable: frozen; custom construct: doubled; skip_layers: skipped; "
         "custom cell with its own parameters: scale (Scale)"]
     assert opt.normalisation_layers == ["bn", "ln"]

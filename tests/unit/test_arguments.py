@@ -34,7 +34,7 @@ from nets import DenseNet
     (dict(weight_decay=-1.0), ValueError, r"weight_decay must be a finite number >= 0"),
     (dict(kl_clip=0.0), ValueError, r"kl_clip must be a finite number > 0"),
     (dict(loss_scale=0.0), ValueError, r"loss_scale must be a finite number > 0"),
-    (dict(skip_layers=["nope"]), ValueError, r"skip_layers names no Dense/Conv2d cell of the network: \['nope'\]"),
+    (dict(skip_layers=["nope"]), ValueError, r"skip_layers names no Dense/Conv2d/Embedding cell of the network: \['nope'\]"),
 ])
 def test_bad_arguments_raise_before_compilation(kwargs, error, match):
     args = dict(learning_rate=0.1)

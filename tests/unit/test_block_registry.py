@@ -11,15 +11,17 @@ import pytest
 import mindspore_ngd as ngd
 from mindspore_ngd.capture.layer_types import LAYER_TYPES
 from mindspore_ngd.curvature.kronecker import KroneckerBlock
-from mindspore_ngd.curvature.registry import (BLOCK_TYPES, KRONECKER, UNIT_BATCHNORM, BlockType, KroneckerType,
+from mindspore_ngd.curvature.registry import (BLOCK_TYPES, EMBEDDING, KRONECKER, UNIT_BATCHNORM, BlockType, KroneckerType,
                                               block_type_of, register_block_type)
+from mindspore_ngd.curvature.embedding import EmbeddingBlock
 from mindspore_ngd.curvature.unitwise import UnitBatchNormBlock
 from nets import BNNet, DenseNet
 
 
 def test_every_kind_has_its_block_type():
-    assert BLOCK_TYPES == {"dense": KRONECKER, "conv2d": KRONECKER, "batchnorm": UNIT_BATCHNORM,
+    assert BLOCK_TYPES == {"dense": KRONECKER, "conv2d": KRONECKER, "embedding": EMBEDDING, "batchnorm": UNIT_BATCHNORM,
                            "layernorm": UNIT_BATCHNORM}
+    assert EMBEDDING.block_class is EmbeddingBlock and EMBEDDING.statistics == ("A", "G") and not EMBEDDING.exchanged
     assert KRONECKER.block_class is KroneckerBlock and KRONECKER.statistics == ("A", "G")
     assert UNIT_BATCHNORM.block_class is UnitBatchNormBlock and UNIT_BATCHNORM.statistics == ("F",)
     # every kind the capture registry finds layers of has a block to keep its statistics

@@ -20,7 +20,7 @@ class Net(nn.Cell):
         self.fc1 = nn.Dense(4, 8)
         self.fc2 = nn.Dense(8, 3)
         if extra:
-            self.emb = nn.Embedding(5, 4)     # not preconditioned: a WARNING line
+            self.conv1d = nn.Conv1d(4, 4, 3)  # not preconditioned: a WARNING line
     def construct(self, x):
         return self.fc2(self.fc1(x))
 """
