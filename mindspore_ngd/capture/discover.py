@@ -1,8 +1,8 @@
 """Which layers of a network can capture Kronecker factors, and their geometry.
 
 :func:`find_layers` returns a :class:`LayerSpec` for each supported ``nn.Dense``, ``nn.Linear``,
-(zero-padded, ``groups=1``) ``nn.Conv2d`` / ``mint.nn.Conv2d`` and ``nn.Embedding`` cell, and the
-reason for each such cell it cannot take; :func:`find_batchnorms` and :func:`find_layernorms` do the same for the BatchNorm and
+(zero-padded, ``groups=1``) ``nn.Conv2d`` / ``mint.nn.Conv2d``, ``nn.Embedding`` and
+``nn.MultiheadAttention`` (its packed input projection) cell, and the reason for each such cell it cannot take; :func:`find_batchnorms` and :func:`find_layernorms` do the same for the BatchNorm and
 LayerNorm layers SP-NGD preconditions unit-wise. What depends on the kind of layer (the classes, their
 checks, ``a_dim`` / ``g_dim`` and geometry) is in the registry of :mod:`mindspore_ngd.capture.layer_types`.
 The capture itself is in :mod:`mindspore_ngd.capture.cells`.
@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 from mindspore import nn
 
-from .layer_types import CONV2D, DENSE, layer_type_of_class
+from .layer_types import CONV2D, DENSE, LAYER_TYPES, layer_type_of_class
 
 __all__ = ["LayerSpec", "NormSpec", "find_layers", "find_batchnorms", "find_layernorms", "DENSE_CLASSES",
            "CONV_CLASSES", "LAYER_CLASSES"]
@@ -57,34 +57,48 @@ def _base_class(cell):
 
 
 def _unsupported_reason(cell, layer_type, base):
-    if not layer_type.weight_of(cell).requires_grad:
+    weight = layer_type.weight_of(cell)
+    if weight is None:                  # e.g. an attention with separate q/k/v weights
+        return layer_type.unsupported_reason(cell, base) or "no weight"
+    if not weight.requires_grad:
         return "weight is not trainable"
     if type(cell).construct is not base.construct and not hasattr(cell, _ATTR):
         return "custom construct"
     reason = layer_type.unsupported_reason(cell, base)
     if reason is not None:
         return reason
-    if _bias(cell) is not None and not cell.bias.requires_grad:
+    bias = layer_type.bias_of(cell)
+    if bias is not None and not bias.requires_grad:
         return "bias is not trainable"
     return None
 
 
-def _bias(cell):
-    """The layer's bias Parameter, or None (nn.Dense/nn.Conv2d: has_bias; nn.Linear/mint: bias None)."""
-    if hasattr(cell, "has_bias") and not cell.has_bias:
-        return None
-    return getattr(cell, "bias", None)
-
-
 # a layer whose weight its owner reads directly, never calling the layer: the capture would see
-# nothing. nn.MultiheadAttention passes out_proj.weight and .bias to its functional forward.
+# nothing. The stock nn.MultiheadAttention passes out_proj.weight and .bias to its functional forward;
+# a captured one (layer_types.AttentionType) calls out_proj as a layer instead.
 READ_DIRECTLY = "read directly by nn.MultiheadAttention, which never calls it"
 
 
-def _read_directly(network):
-    """ids of the cells whose owner reads their weight without calling them (:data:`READ_DIRECTLY`)."""
-    return {id(cell.out_proj) for _, cell in network.cells_and_names()
-            if isinstance(cell, nn.MultiheadAttention) and isinstance(getattr(cell, "out_proj", None), nn.Cell)}
+def _network_reasons(network):
+    """``{id(cell): reason}`` of the cells that cannot be captured where they sit in ``network``: each
+    registered kind's :meth:`~mindspore_ngd.capture.layer_types.LayerType.network_reasons`."""
+    reasons = {}
+    for layer_type in LAYER_TYPES.values():
+        reasons.update(layer_type.network_reasons(network))
+    return reasons
+
+
+def _read_directly(network, placed):
+    """ids of the cells whose owner reads their weight without calling them (:data:`READ_DIRECTLY`): the
+    ``out_proj`` of every nn.MultiheadAttention that is not captured itself (``placed``: the network's
+    :func:`_network_reasons`)."""
+    out = set()
+    for _, cell in network.cells_and_names():
+        if isinstance(cell, nn.MultiheadAttention) and isinstance(getattr(cell, "out_proj", None), nn.Cell):
+            layer_type, base = _base_class(cell)
+            if layer_type is None or id(cell) in placed or _unsupported_reason(cell, layer_type, base) is not None:
+                out.add(id(cell.out_proj))
+    return out
 
 
 def find_layers(network):
@@ -93,10 +107,12 @@ def find_layers(network):
 
     ``skipped`` lists ``(name, reason)`` for such cells that cannot be preconditioned; their
     parameters get the plain (momentum) update. Among them is ``out_proj`` of every
-    ``nn.MultiheadAttention``, whose weight the attention reads without calling the layer.
+    ``nn.MultiheadAttention`` that cannot be captured, whose weight the stock attention reads without
+    calling the layer.
     """
     specs, cells, skipped = [], [], []
-    read_directly = _read_directly(network)
+    placed = _network_reasons(network)
+    read_directly = _read_directly(network, placed)
     for name, cell in network.cells_and_names():
         layer_type, base = _base_class(cell)
         if layer_type is None:
@@ -104,11 +120,12 @@ def find_layers(network):
         if not name:
             skipped.append(("<root>", "the network itself is a single layer; wrap it in a Cell"))
             continue
-        reason = READ_DIRECTLY if id(cell) in read_directly else _unsupported_reason(cell, layer_type, base)
+        reason = READ_DIRECTLY if id(cell) in read_directly else placed.get(id(cell)) or \
+            _unsupported_reason(cell, layer_type, base)
         if reason is not None:
             skipped.append((name, reason))
             continue
-        bias = _bias(cell)
+        bias = layer_type.bias_of(cell)
         bias_name = None if bias is None else bias.name
         has_bias = bias is not None
         weight = layer_type.weight_of(cell)

@@ -1,6 +1,6 @@
 """The layer types Kronecker factors are captured for, in one registry keyed by kind.
 
-Each kind of layer (``LayerSpec.kind``: ``"dense"``, ``"conv2d"``, ``"embedding"``) has one
+Each kind of layer (``LayerSpec.kind``: ``"dense"``, ``"conv2d"``, ``"embedding"``, ``"attention"``) has one
 :class:`LayerType` that owns everything that depends on the kind: the cell classes it matches, the checks that refuse a
 cell of those classes, the kind's fields of a :class:`~mindspore_ngd.capture.LayerSpec` (``a_dim``,
 ``g_dim``, geometry), the capturing ``construct`` of each class, and the batch-statistic formulas of
@@ -17,11 +17,12 @@ capture cell can hold them as attributes and call them in its compiled graph: ``
 """
 import numpy as np
 
-from mindspore import mint, nn
+from mindspore import mint, nn, ops
+from mindspore.ops.function.nn_func import multi_head_attention_forward
 
 from ..curvature import factors
 
-__all__ = ["LayerType", "DenseType", "Conv2dType", "EmbeddingType", "LAYER_TYPES", "register_layer_type",
+__all__ = ["LayerType", "DenseType", "Conv2dType", "EmbeddingType", "AttentionType", "SELF_ATTENTION_ONLY", "LAYER_TYPES", "register_layer_type",
            "layer_type_of", "layer_type_of_class", "geometry_of", "registered"]
 
 
@@ -67,6 +68,12 @@ class LayerType:
         """The layer's weight Parameter."""
         return getattr(cell, self.weight_attr)
 
+    def bias_of(self, cell):
+        """The layer's bias Parameter, or None (nn.Dense/nn.Conv2d: ``has_bias``; nn.Linear/mint: bias None)."""
+        if hasattr(cell, "has_bias") and not cell.has_bias:
+            return None
+        return getattr(cell, "bias", None)
+
     def geometry(self, spec):
         """The constant argument the formulas take (``geometry``): :func:`geometry_of` by default."""
         return geometry_of(spec)
@@ -88,6 +95,11 @@ class LayerType:
             if issubclass(cls, base):
                 return mixin
         raise TypeError(f"layer type {self.kind!r} has no capturing construct for {cls.__name__}")
+
+    def network_reasons(self, network):
+        """``{id(cell): reason}`` for the cells of ``network`` this kind cannot take because of where they
+        sit in the network (none by default)."""
+        return {}
 
     def unsupported_reason(self, cell, base):
         """Why a cell of class ``base`` (one of :attr:`classes`) cannot be captured, beyond the checks
@@ -228,6 +240,69 @@ class _CapturedEmbedding:
         if self.training:
             rows = self._ngd_capture.grad_hook(rows)
         return self.reshape(rows, out_shape)
+
+
+_MATMUL_TB = ops.MatMul(transpose_b=True)
+_BIAS_ADD = ops.BiasAdd()
+
+
+class _CapturedMultiheadAttention:
+    """construct of a capturing nn.MultiheadAttention with packed projection weights.
+
+    Only the ``self_attn`` of a stock nn.TransformerEncoderLayer / nn.TransformerDecoderLayer is captured
+    (:meth:`AttentionType.network_reasons`): their ``_sa_block`` calls it as self-attention,
+    ``attn(x, x, x, ...)``, which a compiled graph cannot tell from cross-attention otherwise (the stock
+    ``__call__`` that records ``q_is_k`` and ``k_is_v`` does not run for a cell inside a graph). In
+    training the packed input projection ``[q k v] = x W_in^T + b_in`` runs here, as one Dense layer on
+    the rows of ``x``, between the capture of its input and the G hook on its output;
+    the attention itself is MindSpore's ``multi_head_attention_forward`` on the projected q, k and v
+    (identity projections in and out, so that every mask, dropout and ``bias_k`` option is the stock
+    code's), and the output projection is the ``out_proj`` cell called as a layer, which captures as any
+    nn.Dense. In inference it is the stock computation."""
+
+    def construct(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                  average_attn_weights=True):
+        if self.training:
+            return self._ngd_self_attention(query, key_padding_mask, need_weights, attn_mask, average_attn_weights)
+        return self._ngd_stock(query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights)
+
+    def _ngd_outputs(self, output, weights, swap, need_weights):
+        if swap:
+            output = output.swapaxes(1, 0)
+        if need_weights:
+            return output, weights
+        return (output,)
+
+    def _ngd_stock(self, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights):
+        swap = self.batch_first and query.ndim == 3
+        if swap:
+            query, key, value = query.swapaxes(1, 0), key.swapaxes(1, 0), value.swapaxes(1, 0)
+        output, weights = multi_head_attention_forward(
+            query, key, value, self.embed_dim, self.num_heads, self.in_proj_weight, self.in_proj_bias, self.bias_k,
+            self.bias_v, self.add_zero_attn, self.dropout, self.out_proj.weight, self.out_proj.bias,
+            training=self.training, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+            average_attn_weights=average_attn_weights, k_is_v=self.k_is_v, q_is_k=self.q_is_k, dtype=self.dtype)
+        return self._ngd_outputs(output, weights, swap, need_weights)
+
+    def _ngd_self_attention(self, x, key_padding_mask, need_weights, attn_mask, average_attn_weights):
+        swap = self.batch_first and x.ndim == 3
+        if swap:
+            x = x.swapaxes(1, 0)
+        shape = x.shape                                   # (L, B, E), or (L, E) unbatched
+        rows = self._ngd_capture.capture_input(x.reshape(-1, self.embed_dim))
+        packed = _MATMUL_TB(rows, self.in_proj_weight)
+        if self.in_proj_bias is not None:
+            packed = _BIAS_ADD(packed, self.in_proj_bias)
+        packed = self._ngd_capture.grad_hook(packed)
+        q, k, v = ops.split(packed, self.embed_dim, axis=-1)
+        eye = ops.eye(self.embed_dim, self.embed_dim, packed.dtype)
+        output, weights = multi_head_attention_forward(
+            q.reshape(shape), k.reshape(shape), v.reshape(shape), self.embed_dim, self.num_heads, None, None,
+            self.bias_k, self.bias_v, self.add_zero_attn, self.dropout, eye, None, training=True,
+            key_padding_mask=key_padding_mask, attn_mask=attn_mask, use_separate_proj_weight=True,
+            q_proj_weight=eye, k_proj_weight=eye, v_proj_weight=eye, average_attn_weights=average_attn_weights,
+            dtype=self.dtype)
+        return self._ngd_outputs(self.out_proj(output), weights, swap, need_weights)
 
 
 # ------------------------------------------------------------------------------------ the kinds
@@ -384,6 +459,55 @@ class EmbeddingType(LayerType):
         return factors.embedding_input_trace(x, geometry)
 
 
+SELF_ATTENTION_ONLY = ("not the self_attn of a stock nn.TransformerEncoderLayer or nn.TransformerDecoderLayer "
+                       "(a compiled graph cannot tell self- from cross-attention)")
+
+
+class AttentionType(LayerType):
+    """``nn.MultiheadAttention``'s packed input projection (weight ``in_proj_weight`` (3E, E), bias
+    ``in_proj_bias``): a Dense layer on the rows of the attention's input, captured when the attention is
+    called as self-attention in training (:class:`_CapturedMultiheadAttention`); its ``out_proj`` is then
+    called as a layer and preconditioned as an nn.Dense. ``a_dim`` is E (+1 with the bias), ``g_dim`` 3E.
+    Separate q/k/v weights (``kdim`` or ``vdim`` other than E) are not captured."""
+    kind = "attention"
+    classes = (nn.MultiheadAttention,)
+    constructs = ((nn.MultiheadAttention, _CapturedMultiheadAttention),)
+    has_positions = False
+    probe_rank = 3              # its key bias has no gradient (softmax): a Dense layer probes the loss scale
+    weight_attr = "in_proj_weight"
+
+    def bias_of(self, cell):
+        return cell.in_proj_bias
+
+    def unsupported_reason(self, cell, base):
+        if cell.in_proj_weight is None:
+            return "separate q/k/v projection weights (kdim or vdim other than embed_dim)"
+        return None
+
+    def network_reasons(self, network):
+        """``{id(cell): reason}`` for every nn.MultiheadAttention of ``network`` that is not the ``self_attn``
+        of a stock nn.TransformerEncoderLayer / nn.TransformerDecoderLayer (see
+        :class:`_CapturedMultiheadAttention`)."""
+        owners = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
+        self_attention = {id(cell.self_attn) for _, cell in network.cells_and_names()
+                          if isinstance(cell, owners) and type(cell)._sa_block in [o._sa_block for o in owners]}
+        return {id(cell): SELF_ATTENTION_ONLY for _, cell in network.cells_and_names()
+                if isinstance(cell, nn.MultiheadAttention) and id(cell) not in self_attention}
+
+    def spec_fields(self, cell, weight_shape, has_bias):
+        return {"a_dim": weight_shape[1] + int(has_bias), "g_dim": weight_shape[0]}
+
+    def statistic_shape(self, shape):
+        return (int(np.prod(shape[:-1])), shape[-1])
+
+    def positions_per_example(self, x_shape, y_shape, batch):
+        return int(np.prod(x_shape[:-1])) // batch
+
+    input_factor = staticmethod(DenseType.input_factor)
+    output_factor = staticmethod(DenseType.output_factor)
+    input_trace = staticmethod(DenseType.input_trace)
+
+
 # ------------------------------------------------------------------------------------ the registry
 LAYER_TYPES = {}
 """kind -> :class:`LayerType`, in registration order (the order :func:`find_layers` tries them)."""
@@ -434,3 +558,4 @@ def layer_type_of_class(cls):
 DENSE = register_layer_type(DenseType())
 CONV2D = register_layer_type(Conv2dType())
 EMBEDDING = register_layer_type(EmbeddingType())
+ATTENTION = register_layer_type(AttentionType())

@@ -10,6 +10,7 @@ kind           block type                      block
 =============  ==============================  =====================================================
 ``dense``      :class:`KroneckerType`          :class:`~.kronecker.KroneckerBlock`: ``A (x) G``
 ``conv2d``     :class:`KroneckerType`          :class:`~.kronecker.KroneckerBlock`: ``A (x) G``
+``attention``  :class:`KroneckerType`          :class:`~.kronecker.KroneckerBlock`: ``A (x) G``
 ``embedding``  :class:`EmbeddingType`          :class:`~.embedding.EmbeddingBlock`: ``diag(a) (x) G``
 ``batchnorm``  :class:`UnitBatchNormType`      :class:`~.unitwise.UnitBatchNormBlock`: 2x2 per unit
 ``layernorm``  :class:`UnitBatchNormType`      :class:`~.unitwise.UnitBatchNormBlock`: 2x2 per unit
@@ -106,9 +107,10 @@ def inverse_flops(dim, split_dim=None):
 
 
 class KroneckerType(BlockType):
-    """Dense and Conv2d layers: a :class:`~mindspore_ngd.curvature.kronecker.KroneckerBlock` each."""
+    """Dense and Conv2d layers, and the packed input projection of an nn.MultiheadAttention (a Dense layer
+    on the attention's input rows): a :class:`~mindspore_ngd.curvature.kronecker.KroneckerBlock` each."""
     family = "kronecker"
-    kinds = ("dense", "conv2d")
+    kinds = ("dense", "conv2d", "attention")
     block_class = KroneckerBlock
     statistics = ("A", "G")
 

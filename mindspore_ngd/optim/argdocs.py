@@ -78,8 +78,7 @@ ARGUMENTS = {
     "precondition_embeddings": (
         "precondition_embeddings (bool): precondition ``nn.Embedding`` layers, with a diagonal A (the\n"
         "    tokens' frequencies in the batch), on one device; False gives them the plain update, named in\n"
-        "    the WARNING line. Default True (KFAC, THOR), False (SPNGD: see docs/api.md, \"Defaults that\n"
-        "    differ\"). See :class:`mindspore_ngd.Policy` and docs/algorithms.md."
+        "    the WARNING line. Default True. See :class:`mindspore_ngd.Policy` and docs/algorithms.md."
     ),
 }
 
@@ -129,12 +128,5 @@ DEFAULT_DIFFERENCES = {
         "THOR inverts factors above 128 as 128-blocks, as `nn.thor` does (Ascend's cube size); KFAC and "
         "SPNGD invert whole factors (None), the exact Kronecker-factored inverse. On Ascend, pass 128 for "
         "lightly damped factors larger than 2048 (docs/algorithms.md, Newton-Schulz in device precision)."
-    ),
-    "precondition_embeddings": (
-        "KFAC and THOR precondition `nn.Embedding` (as `nn.thor` did for BERT): on a small transformer "
-        "(`python -m benchmarks.embedding_choice --seeds 3`) it ended 2 of 3 seeds far lower (loss below 0.01 "
-        "against 0.3-0.5) and 1 higher. SPNGD leaves it to the plain update: with its unit-wise LayerNorm "
-        "the preconditioned embedding made all 3 seeds worse (0.78-1.12 against 0.21-0.76); without the "
-        "unit-wise LayerNorm (`spngd-plain-ln`) it made all 3 better (0.01-0.46 against 0.38-2.05)."
     ),
 }

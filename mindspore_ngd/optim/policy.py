@@ -71,9 +71,8 @@ class Policy:
             side and summed on the output side (K-FAC-expand and K-FAC-reduce, Eschenhagen et al.
             2023; :mod:`mindspore_ngd.curvature.factors`). Two-dimensional inputs are the same either way.
         precondition_embeddings: bool; precondition ``nn.Embedding`` layers, with a diagonal A (the
-            tokens' frequencies; :mod:`mindspore_ngd.curvature.embedding`); False (the field's default):
-            they get the plain update, named in the WARNING line. KFAC and THOR pass True, SPNGD False
-            (docs/api.md, "Defaults that differ").
+            tokens' frequencies; :mod:`mindspore_ngd.curvature.embedding`). True (default); False gives
+            them the plain update, named in the WARNING line.
     """
     name: str = "kfac"
     refresh: Union[FixedInterval, StaleIntervals, GrowingInterval] = FixedInterval()
@@ -91,7 +90,7 @@ class Policy:
     stat_fraction: float = 1.0
     stat_stride: int = 1
     sequence_approx: str = "expand"
-    precondition_embeddings: bool = False
+    precondition_embeddings: bool = True
 
     def validated(self):
         """The policy itself, after checking every field (TypeError/ValueError naming the field)."""

@@ -103,7 +103,7 @@ class SPNGD(NGDOptimizer):
                  adaptive_damping=True, divergence_patience=10, divergence_growth=1e3, params=None, strict=False,
                  host_calls="auto",
                  stat_fraction=1.0, stat_stride=1, refresh_measure="damped", nesterov=None, split_dim=None,
-                 sequence_approx="expand", precondition_embeddings=False):
+                 sequence_approx="expand", precondition_embeddings=True):
         floor = _validate.non_negative_float("weight_decay", weight_decay)
         policy = Policy(name="spngd", refresh=StaleIntervals(refresh_threshold, max_interval, stale, refresh_measure),
                         damping_split=damping_split, inverse_method=inverse_method, kl_clip=kl_clip,

@@ -213,15 +213,16 @@ def test_the_functional_loop_in_pynative_trains_the_embedding_as_model_train(pyn
     _assert_same(_token_state("loop"), _token_state("model"))
 
 
-def test_spngd_leaves_embeddings_to_the_plain_update_unless_asked_and_names_the_reason(caplog):
+def test_precondition_embeddings_false_leaves_them_to_the_plain_update_and_names_the_reason(caplog):
     import logging
     rng = np.random.default_rng(0)
     with caplog.at_level(logging.WARNING, logger="mindspore_ngd"):
-        opt = ngd.SPNGD(TokenNet(rng), 0.1, damping=1e-2)
+        opt = ngd.SPNGD(TokenNet(rng), 0.1, damping=1e-2, precondition_embeddings=False)
     assert [b.spec.name for b in opt.blocks] == ["head"]
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("precondition_embeddings=False: embed" in line for line in warned), warned
-    assert [b.spec.name for b in ngd.KFAC(TokenNet(rng), 0.1, verbose=False).blocks] == ["embed", "head"]
+    for make in (ngd.KFAC, ngd.SPNGD):                                       # the default: preconditioned
+        assert [b.spec.name for b in make(TokenNet(rng), 0.1, verbose=False).blocks] == ["embed", "head"]
     assert [b.spec.name for b in ngd.THOR(TokenNet(rng), learning_rate=0.1, damping=1e-2, verbose=False).blocks] == \
         ["embed", "head"]
     with pytest.raises(TypeError, match="precondition_embeddings must be a bool, got str"):

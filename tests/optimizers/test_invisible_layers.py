@@ -6,8 +6,8 @@ captured or gets exactly the plain update, and the user is told which and why.
 - first capture step: a preconditioned layer that captured nothing (construct never called) is demoted
   with a WARNING, or ``strict=True`` raises;
 - the judge: a stock ``nn.TransformerEncoderLayer`` with a Dense head, one K-FAC step. Its attention's
-  ``out_proj``, whose weight ``nn.MultiheadAttention`` reads without calling it, is named at
-  construction and never captured;
+  packed input projection and its ``out_proj`` (which the stock attention reads without calling it) are
+  captured by the attention's capturing construct and preconditioned like every Dense layer;
 - the package logger reaches the user by default and defers to the application's logging.
 """
 import logging
@@ -76,16 +76,15 @@ def test_transformer_every_update_is_captured_preconditioning_or_exactly_plain(c
         before, after, grads, step = one_step(net, opt, x, y)
         at_step = warnings_of(caplog)[len(construction):]
 
-    # construction: MultiheadAttention's own in_proj parameters and its out_proj (read directly, never
-    # called) are warned about, each with its reason; LayerNorm is not
-    assert construction == ["KFAC: the trainable parameters of 2 layer(s) are not preconditioned and get the plain "
-                            "momentum update -- layer type not preconditioned: encoder.self_attn "
-                            "(MultiheadAttention); read directly by nn.MultiheadAttention, which never calls it: "
-                            "encoder.self_attn.out_proj"]
+    # construction: nothing to warn about. The attention's packed input projection is a layer of its own
+    # and its out_proj is called as a layer (tests/numerics/test_attention_block.py); LayerNorm's plain
+    # update is not warned about
+    assert construction == []
     assert at_step == []
     factors = opt.kronecker_factors()
     preconditioned = {s.name: s for s in opt.layer_specs}
-    assert sorted(preconditioned) == ["encoder.dense1", "encoder.dense2", "head"]
+    assert sorted(preconditioned) == ["encoder.dense1", "encoder.dense2", "encoder.self_attn",
+                                      "encoder.self_attn.out_proj", "head"]
     covered = set()
     for name, spec in preconditioned.items():
         big_a, big_g = (f.astype(np.float64) for f in factors[name])
@@ -111,10 +110,8 @@ def test_transformer_every_update_is_captured_preconditioning_or_exactly_plain(c
 
     # every other weight: exactly the plain step w - lr * grad (lr 1, momentum 0), bit for bit
     plain = [name for name in before if name not in covered]
-    assert sorted(plain) == sorted(
-        ["encoder.self_attn.in_proj_weight", "encoder.self_attn.in_proj_bias", "encoder.self_attn.out_proj.weight",
-         "encoder.self_attn.out_proj.bias", "encoder.norm1.gamma", "encoder.norm1.beta", "encoder.norm2.gamma",
-         "encoder.norm2.beta"])
+    assert sorted(plain) == sorted(["encoder.norm1.gamma", "encoder.norm1.beta", "encoder.norm2.gamma",
+                                    "encoder.norm2.beta"])
     for name in plain:
         np.testing.assert_array_equal(after[name], before[name] - grads[name], err_msg=name)
 

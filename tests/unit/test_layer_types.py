@@ -30,8 +30,9 @@ class Net(nn.Cell):
 
 
 def test_the_built_in_kinds_are_registered_with_their_classes():
-    assert list(LAYER_TYPES) == ["dense", "conv2d", "embedding"]
+    assert list(LAYER_TYPES) == ["dense", "conv2d", "embedding", "attention"]
     assert LAYER_TYPES["embedding"].classes == (nn.Embedding,)
+    assert LAYER_TYPES["attention"].classes == (nn.MultiheadAttention,)
     assert isinstance(LAYER_TYPES["dense"], DenseType) and isinstance(LAYER_TYPES["conv2d"], Conv2dType)
     assert LAYER_TYPES["dense"].classes == DENSE_CLASSES == (nn.Dense, nn.Linear)
     assert LAYER_TYPES["conv2d"].classes == CONV_CLASSES == (nn.Conv2d, mint.nn.Conv2d)
