@@ -5,6 +5,7 @@ import pytest
 from benchmarks import embedding_choice
 
 
+@pytest.mark.slow
 def test_a_run_reports_its_losses_and_the_embedding_is_what_changes():
     plain = embedding_choice.run("kfac", False, epochs=2)
     preconditioned = embedding_choice.run("kfac", True, epochs=2)

@@ -2,7 +2,9 @@
 
 Captured, a self-attention computes what the stock layer computes (loss and every gradient), its input
 projection's A and G match a float64 reference built from the stock layer's own weight gradient, and
-every optimizer trains a stock nn.TransformerEncoderLayer with both projections preconditioned."""
+every optimizer trains a stock nn.TransformerEncoderLayer with both projections preconditioned. The
+decoder and training tests are slow (their compiled graphs are large):
+``python -m pytest -m "slow or not slow" tests/numerics/test_attention_block.py``."""
 import numpy as np
 import pytest
 
@@ -104,6 +106,7 @@ def test_the_input_projection_factors_match_a_float64_reference(has_bias):
     assert opt.demoted_layers() == []
 
 
+@pytest.mark.slow
 def test_only_the_self_attention_of_stock_transformer_layers_is_captured_and_the_rest_say_why():
     class Mixed(nn.Cell):
         def __init__(self):
@@ -145,6 +148,7 @@ def test_only_the_self_attention_of_stock_transformer_layers_is_captured_and_the
     assert opt.demoted_layers() == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [
     lambda net: ngd.KFAC(net, 0.05, damping=1e-2, verbose=False),
     lambda net: ngd.SPNGD(net, 0.05, damping=1e-2, verbose=False),

@@ -1,6 +1,7 @@
 """nn.Embedding as a curvature block: A is the diagonal of the tokens' frequencies, kept as a vector, G a
 Dense layer's over the looked-up rows. Factors and the preconditioned step against a float64 NumPy
-reference; every optimizer trains a small token model with it in Model.train."""
+reference; every optimizer trains a small token model with it in Model.train (slow:
+``python -m pytest -m "slow or not slow" tests/numerics/test_embedding_block.py``)."""
 import numpy as np
 import pytest
 
@@ -127,6 +128,7 @@ def test_the_input_factor_counts_only_ids_inside_the_vocabulary():
     np.testing.assert_allclose(half, np.bincount([0, 3, 3], minlength=V) / 4.0, rtol=0, atol=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [
     lambda net: ngd.KFAC(net, 0.1, damping=1e-2, verbose=False, precondition_embeddings=True),
     lambda net: ngd.SPNGD(net, 0.1, damping=1e-2, verbose=False, precondition_embeddings=True),
