@@ -14,6 +14,9 @@ Where the tests are:
 
 Shared by all: nets.py (networks), training.py (short training runs), reference/ (NumPy oracles).
 """
+import ctypes
+import ctypes.util
+import gc
 import os
 import sys
 
@@ -41,6 +44,28 @@ def pynative():
     ms.set_context(mode=ms.PYNATIVE_MODE)
     yield
     ms.set_context(mode=ms.GRAPH_MODE)
+
+
+def _release_memory():
+    """Free what the finished test file compiled: its cells (often in reference cycles, so the graphs they
+    own stay alive until the collector runs), MindSpore's cached runtime memory, and glibc's free heap
+    pages (so msrun's child processes, launched later, find the memory)."""
+    gc.collect()
+    ms.ms_memory_recycle()
+    libc = ctypes.util.find_library("c")
+    if libc:
+        trim = getattr(ctypes.CDLL(libc), "malloc_trim", None)
+        if trim is not None:
+            trim(0)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    # a worker runs whole test files (--dist loadfile) and keeps what each compiled: without this, the
+    # default run's two workers grew to 12 GB each and thrashed a 24 GB machine
+    yield
+    if nextitem is None or nextitem.module is not item.module:
+        _release_memory()
 
 
 def pytest_configure(config):
