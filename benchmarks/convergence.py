@@ -95,6 +95,9 @@ class OptimizerSpec:
 # Each builder takes the optimizer's fixed settings as defaults and ``**overrides`` on top of them.
 MOMENTUM_SETTINGS = dict(momentum=0.9)
 ADAM_SETTINGS = dict(beta1=0.9, beta2=0.999, eps=1e-8)
+# AdamW as transformers are trained: decoupled weight decay on the matrices (embeddings included), none
+# on biases and LayerNorm's gamma and beta
+ADAMW_SETTINGS = dict(beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01)
 KFAC_SETTINGS = dict(momentum=0.9, kl_clip=1e-3, factor_update_interval=1, inverse_update_interval=20)
 THOR_SETTINGS = dict(momentum=0.9, frequency=10, split_dim=64, trace_threshold=0.05, kl_clip=1e-3)
 SPNGD_SETTINGS = dict(momentum=0.9)
@@ -106,6 +109,15 @@ def _momentum(net, lr, damping, seed, **overrides):
 
 def _adam(net, lr, damping, seed, **overrides):
     return nn.Adam(net.trainable_params(), learning_rate=lr, **{**ADAM_SETTINGS, **overrides})
+
+
+def _adamw(net, lr, damping, seed, **overrides):
+    settings = {**ADAMW_SETTINGS, **overrides}
+    decay = settings.pop("weight_decay")
+    params = net.trainable_params()
+    groups = [{"params": [p for p in params if len(p.shape) >= 2], "weight_decay": decay},
+              {"params": [p for p in params if len(p.shape) < 2], "weight_decay": 0.0}]
+    return nn.AdamWeightDecay([g for g in groups if g["params"]], learning_rate=lr, **settings)
 
 
 def _momentum_cf(net, lr, damping, seed, **overrides):
@@ -157,6 +169,8 @@ OPTIMIZERS = {
     "spngd": OptimizerSpec(_spngd, SGD_LRS, NGD_DAMPINGS, SPNGD_SETTINGS, requires="SPNGD"),
 }
 DEFAULT_OPTIMIZERS = tuple(OPTIMIZERS)     # the variants below run only when named
+# AdamW, the first-order anchor of the transformer task (named there: --optimizers adamw,...)
+OPTIMIZERS["adamw"] = OptimizerSpec(_adamw, ADAM_LRS, settings=ADAMW_SETTINGS, family="adam")
 OPTIMIZERS.update({name + "-fixed": _fixed(OPTIMIZERS[name]) for name in ("kfac", "thor", "spngd")})
 # the capture's cost options (not in the default list): statistics from half of each batch's examples,
 # from every second output position of each convolution, K-FAC at KAISA's default rates (factors
@@ -228,7 +242,8 @@ def _param_checksum(net):
 def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None):
     """Train ``task``'s network once; return the run record with its per-epoch curve."""
     x_train, y_train, x_test, y_test = arrays
-    x_all = np.concatenate([x_train, x_test])
+    y_train_eval = y_train[:task.eval_train] if task.eval_train else y_train
+    x_all = np.concatenate([x_train[:len(y_train_eval)], x_test])
     eval_chunks = [Tensor(x_all[i:i + task.eval_batch]) for i in range(0, len(x_all), task.eval_batch)]
     del x_all
     ms.set_seed(seed)
@@ -263,9 +278,9 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None):
             compile_s = max(first - steady, 0.0)
         seconds += epoch_s
         net.set_train(False)
-        metrics = task.evaluate(np.concatenate([net(chunk).asnumpy() for chunk in eval_chunks]), y_train, y_test)
+        metrics = task.evaluate(np.concatenate([net(chunk).asnumpy() for chunk in eval_chunks]), y_train_eval, y_test)
         net.set_train(True)
-        curve.append({"epoch": epoch, **metrics, "epoch_s": epoch_s, "seconds": seconds,
+        curve.append({"epoch": epoch, "step": epoch * len(batches), **metrics, "epoch_s": epoch_s, "seconds": seconds,
                       "seconds_excl_compile": seconds - compile_s})
         note = f"{task.metric} {metrics[task.metric]:.4f}  {seconds:.1f}s"
         if progress:
@@ -422,8 +437,8 @@ def summarize(task, runs):
     target_higher = task.target_metric == "test_acc"
     if task.target is not None:
         targets = {run["seed"]: float(task.target) for run in runs}
-    elif "momentum" in chosen:
-        for run in best_runs("momentum"):
+    elif task.reference in chosen:
+        for run in best_runs(task.reference):
             values = [r[task.target_metric] for r in run["curve"]]
             if task.target_rule == "final":
                 targets[run["seed"]] = values[-1] if run["diverged_epoch"] is None else float("nan")
@@ -453,7 +468,7 @@ def summarize(task, runs):
                     "seconds_to_target_excl_compile", "seconds_per_epoch", "compile_s"):
             best[name][key] = _stats([s[key] for s in per_seed])
     anchor = _anchor(best)
-    for reference_name, suffix in (("momentum", "_vs_momentum"), (anchor, "_vs_anchor")):
+    for reference_name, suffix in ((task.reference, "_vs_" + task.reference), (anchor, "_vs_anchor")):
         if reference_name not in best:
             continue
         reference = {s["seed"]: s for s in best[reference_name]["per_seed"]}
@@ -466,12 +481,12 @@ def summarize(task, runs):
     return {"grid": grid, "best": best, "targets": {str(k): v for k, v in targets.items()}, "anchor": anchor}
 
 
-ANCHORS = ("momentum", "adam", "momentum-cf", "adam-cf")
+ANCHORS = ("momentum", "adam", "momentum-cf", "adam-cf", "adamw")
 
 
 def _anchor(best):
     """The better first-order anchor: of tuned Momentum and Adam (stock, or with a run-time branch:
-    ``momentum-cf``, ``adam-cf``, when they ran), the one with the fewer median training seconds
+    ``momentum-cf``, ``adam-cf``, when they ran) and AdamW, the one with the fewer median training seconds
     (compilation excluded) to the target; None when none ran."""
     present = [name for name in ANCHORS if name in best]
     if not present:
@@ -499,32 +514,41 @@ def _point(lr, damping):
     return f"{lr:g}" + (f", {damping:g}" if damping else "")
 
 
+DISPLAY_NAMES = {"momentum": "Momentum", "adam": "Adam", "adamw": "AdamW", "sgd": "SGD"}
+
+
+def _display(name):
+    return DISPLAY_NAMES.get(name, name)
+
+
 def markdown(task, summary, seeds, epochs):
     """The task's Markdown: the per-optimizer table (best grid points) and the whole grid."""
     one = seeds == 1
-    metric = "test acc" if task.metric == "test_acc" else "test loss"
+    lm = task.kind == "language-model"
+    metric = "test acc" if task.metric == "test_acc" else ("validation loss" if lm else "test loss")
+    reference = _display(task.reference)
     digits = 4
     if task.target_rule == "fixed":
         target_text = f"test accuracy {task.target:g} (fixed; each run stops when it gets there)"
     elif task.target_rule == "best":
-        target_text = f"Momentum's best test accuracy in {epochs} epochs"
+        target_text = f"{reference}'s best test accuracy in {epochs} epochs"
     else:
-        target_text = f"Momentum's final training loss after {epochs} epochs"
+        target_text = f"{reference}'s final {'validation' if lm else 'training'} loss after {epochs} epochs"
     targets = list(summary["targets"].values())
     lines = [f"### {task.name}", "", task.description + ".", "",
              f"Target: {target_text}, per seed ({', '.join(_fmt(t, 4) for t in targets)}). "
              f"{'One seed.' if one else f'Median [min, max] over {seeds} seeds.'} Seconds are training "
              "time only (evaluation excluded); *incl.* counts graph compilation, *excl.* does not. "
-             f"*Anchor*: the better of tuned Momentum and Adam on this task ({summary.get('anchor') or '-'}).", "",
+             f"*Anchor*: the best tuned first-order optimizer on this task ({summary.get('anchor') or '-'}).", "",
              f"| optimizer | lr, damping | best {metric} | final train loss | epochs to target | "
-             "x Momentum | s to target incl. | s to target excl. | x Momentum (excl.) | x anchor (epochs) | "
+             f"x {reference} | s to target incl. | s to target excl. | x {reference} (excl.) | x anchor (epochs) | "
              "x anchor (excl.) | s/epoch | compile s |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, entry in summary["best"].items():
         reached = "" if entry["reached"] == len(entry["per_seed"]) else \
             f" ({entry['reached']}/{len(entry['per_seed'])} reached)"
-        ratio_e = entry.get("epochs_to_target_vs_momentum", {"median": float("nan")})
-        ratio_s = entry.get("seconds_to_target_excl_compile_vs_momentum", {"median": float("nan")})
+        ratio_e = entry.get("epochs_to_target_vs_" + task.reference, {"median": float("nan")})
+        ratio_s = entry.get("seconds_to_target_excl_compile_vs_" + task.reference, {"median": float("nan")})
         anchor_e = entry.get("epochs_to_target_vs_anchor", {"median": float("nan")})
         anchor_s = entry.get("seconds_to_target_excl_compile_vs_anchor", {"median": float("nan")})
         lines.append(
@@ -561,12 +585,15 @@ def plot(task, runs, summary, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(task.metric, "epoch"), (task.metric, "seconds")]
+    # a language model is read against its steps (as transformers are compared); the rest per epoch
+    panels = [(task.metric, "step" if task.kind == "language-model" else "epoch"), (task.metric, "seconds")]
     if task.target_metric != task.metric:
         panels.append((task.target_metric, "epoch"))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), dpi=90)
     labels = {"test_acc": "test accuracy", "test_loss": "test loss", "train_loss": "training loss",
-              "epoch": "epoch", "seconds": "training seconds (incl. compile)"}
+              "epoch": "epoch", "step": "training step", "seconds": "training seconds (incl. compile)"}
+    if task.kind == "language-model":
+        labels["test_loss"] = "validation loss (nats per byte)"
     targets = [t for t in summary["targets"].values() if np.isfinite(t)]
     for name, entry in summary["best"].items():
         chosen = [r for r in runs if r["optimizer"] == name and r["lr"] == entry["lr"]
@@ -619,9 +646,9 @@ def parse_args(argv=None):
     parser.add_argument("--task", default="digits-cnn",
                         help=f"comma-separated tasks among {', '.join(TASKS)}, or all (default digits-cnn)")
     parser.add_argument("--optimizers", default=",".join(n for n in available_optimizers() if n in DEFAULT_OPTIMIZERS),
-                        help=f"comma-separated among {', '.join(OPTIMIZERS)}; must include momentum "
-                             "(its result is the target) unless every task has a fixed target. "
-                             "Default: all available")
+                        help=f"comma-separated among {', '.join(OPTIMIZERS)}; must include each task's "
+                             "reference (momentum; adamw for stdlib-bytes), whose result is the target, unless "
+                             "the task has a fixed target. Default: all available")
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds 0..N-1 (default 3; 1 with --quick)")
     parser.add_argument("--epochs", type=int, default=None, help="epoch budget (default: the task's)")
     parser.add_argument("--grid", choices=("full", "single", "tuned"), default=None,
@@ -655,9 +682,10 @@ def parse_args(argv=None):
                      f"{OPTIMIZERS[missing[0]].requires}, which this installation of mindspore_ngd "
                      f"does not have; available: {', '.join(available_optimizers())}")
     open_targets = [name for name in args.tasks if args.target is None and TASKS[name].target is None]
-    if "momentum" not in args.optimizer_names and open_targets:
-        parser.error(f"--optimizers must include momentum: its best result is the target of "
-                     f"{', '.join(open_targets)} (tasks with a fixed target, or --target, do without it)")
+    for reference in sorted({TASKS[name].reference for name in open_targets} - set(args.optimizer_names)):
+        tasks = [name for name in open_targets if TASKS[name].reference == reference]
+        parser.error(f"--optimizers must include {reference}: its result is the target of "
+                     f"{', '.join(tasks)} (tasks with a fixed target, or --target, do without it)")
     _positive(parser, "--seeds", args.seeds)
     _positive(parser, "--epochs", args.epochs)
     for name in args.tasks:

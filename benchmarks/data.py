@@ -7,6 +7,8 @@ import functools
 import gzip
 import os
 import shutil
+import sys
+import sysconfig
 import tempfile
 
 import numpy as np
@@ -14,7 +16,8 @@ import numpy as np
 import mindspore.dataset as ds
 
 __all__ = ["DataUnavailable", "digits_arrays", "mnist1d_arrays", "fashion_mnist_arrays",
-           "fashion_mnist_missing", "FMNIST_FILES", "FMNIST_DEFAULT_DIR", "array_dataset"]
+           "fashion_mnist_missing", "FMNIST_FILES", "FMNIST_DEFAULT_DIR", "array_dataset", "STDLIB_TRAIN_FILES",
+           "STDLIB_VALID_FILES", "stdlib_text_arrays", "stdlib_text_missing"]
 
 FMNIST_DEFAULT_DIR = "/usr/share/datasets/fashion-mnist"
 FMNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
@@ -156,6 +159,68 @@ def fashion_mnist_arrays(source=None, cache=None):
 
 
 fashion_mnist_arrays.cache_clear = _fashion_mnist_cached.cache_clear
+
+
+# The text corpus: the running interpreter's own standard library, which every machine with Python has.
+# A fixed list of modules present in every CPython from 3.8 on, split by file (a model validated on
+# files it never saw): 14 for training, 3 for validation.
+STDLIB_TRAIN_FILES = ("argparse.py", "ast.py", "dataclasses.py", "difflib.py", "enum.py", "functools.py",
+                      "inspect.py", "logging/__init__.py", "pathlib.py", "pickle.py", "shutil.py",
+                      "subprocess.py", "tarfile.py", "threading.py")
+STDLIB_VALID_FILES = ("typing.py", "zipfile.py", "configparser.py")
+
+
+def _stdlib_root():
+    return sysconfig.get_paths()["stdlib"]
+
+
+def stdlib_text_missing():
+    """``None`` when every file of the text corpus is in this interpreter's standard library, else why not."""
+    root = _stdlib_root()
+    absent = [name for name in STDLIB_TRAIN_FILES + STDLIB_VALID_FILES if not os.path.isfile(os.path.join(root, name))]
+    if absent:
+        return f"the text corpus needs these files of the Python standard library, absent from {root}: {', '.join(absent)}"
+    return None
+
+
+def _window_starts(size, length, count, seed):
+    """``count`` distinct sorted offsets, multiples of ``length``, of windows of ``length + 1`` bytes in a
+    text of ``size`` bytes (so no two windows share an input byte), chosen by ``seed``."""
+    starts = np.arange(0, size - length - 1, length)
+    if count > len(starts):
+        raise ValueError(f"the files hold {len(starts)} windows of {length + 1} bytes, fewer than the {count} asked for")
+    return np.sort(np.random.default_rng(seed).choice(starts, count, replace=False))
+
+
+def _windows(names, length, count, seed):
+    """:func:`_window_starts`'s windows of the concatenated files, as int32 (count, length + 1)."""
+    root = _stdlib_root()
+    text = b"\n".join(open(os.path.join(root, name), "rb").read() for name in names)
+    data = np.frombuffer(text, np.uint8)
+    return np.stack([data[s:s + length + 1] for s in _window_starts(len(data), length, count, seed)]).astype(np.int32)
+
+
+@functools.lru_cache(maxsize=4)
+def stdlib_text_arrays(length=64, train_windows=8192, valid_windows=1024, seed=0):
+    """Byte-level language modelling on the Python standard library's sources (read from the running
+    interpreter: :data:`STDLIB_TRAIN_FILES` for training, :data:`STDLIB_VALID_FILES` for validation).
+
+    Returns ``(x_train, y_train, x_valid, y_valid)``: int32 (N, length) byte values (vocabulary 256),
+    each target row its input row shifted by one byte. No two windows share an input byte, and which ones are taken
+    is fixed by ``seed``. The arrays are cached for the life of the process; treat them as read-only.
+    Raises :class:`DataUnavailable` when a file is missing.
+    """
+    reason = stdlib_text_missing()
+    if reason:
+        raise DataUnavailable(reason)
+    train = _windows(STDLIB_TRAIN_FILES, length, train_windows, seed)
+    valid = _windows(STDLIB_VALID_FILES, length, valid_windows, seed)
+    return train[:, :-1], train[:, 1:], valid[:, :-1], valid[:, 1:]
+
+
+def python_version():
+    """The interpreter whose standard library is the corpus (its files change between versions)."""
+    return sys.version.split()[0]
 
 
 class _ArraySource:

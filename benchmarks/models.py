@@ -3,12 +3,14 @@
 The CIFAR-style ResNet belongs to the model zoo (``model_zoo/resnet50/src/resnet.py``) and is
 imported from there, so that the benchmarks and the model zoo train the same network.
 """
-from mindspore import nn
+import numpy as np
+
+from mindspore import nn, Tensor
 
 from model_zoo.resnet50.src.resnet import ResNetCifar
 
 __all__ = ["DigitsCNN", "ConvBNNet", "MLP", "CNN1D", "DeepAutoencoder", "ConvPool2Dense2", "fmnist_mlp",
-           "fmnist_2c2d", "ResNetCifar", "resnet20"]
+           "fmnist_2c2d", "ResNetCifar", "resnet20", "ByteTransformerLM", "TokenCrossEntropy"]
 
 
 class DigitsCNN(nn.Cell):
@@ -161,3 +163,41 @@ def fmnist_2c2d(num_classes=10):
 def resnet20(num_classes=10):
     """ResNet-20 for 32x32x3 images: three basic blocks per stage, widths 16, 32, 64."""
     return ResNetCifar(3, 16, num_classes)
+
+
+class ByteTransformerLM(nn.Cell):
+    """A small causal byte-level transformer language model of MindSpore's stock layers.
+
+    Token and position ``nn.Embedding`` (summed), a post-LayerNorm ``nn.TransformerEncoder`` of
+    ``layers`` ``nn.TransformerEncoderLayer`` (ReLU feed-forward, no dropout) with a causal mask and a
+    final ``nn.LayerNorm``, and an ``nn.Dense`` read-out to the ``vocab`` logits at every position.
+    Input: int32 (batch, length) tokens; output: (batch, length, vocab) logits of each next token.
+    """
+
+    def __init__(self, vocab=256, length=64, dim=64, heads=4, layers=2, feedforward=256):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, dim)
+        self.positions = nn.Embedding(length, dim)
+        self.position_ids = Tensor(np.arange(length, dtype=np.int32)[None])
+        layer = nn.TransformerEncoderLayer(dim, heads, feedforward, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, norm=nn.LayerNorm((dim,)))
+        self.head = nn.Dense(dim, vocab)
+        # a position attends to itself and the positions before it (a large negative, not -inf: a
+        # softmax over an all -inf row is NaN)
+        self.causal_mask = Tensor(np.triu(np.full((length, length), -1e9, np.float32), 1))
+
+    def construct(self, x):
+        h = self.tokens(x) + self.positions(self.position_ids)
+        return self.head(self.encoder(h, self.causal_mask))
+
+
+class TokenCrossEntropy(nn.Cell):
+    """Softmax cross-entropy averaged over every position of every sequence: logits (batch, length,
+    vocab), int32 targets (batch, length)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ce = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+
+    def construct(self, logits, labels):
+        return self.ce(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))

@@ -36,8 +36,13 @@ class Task:
     """One convergence task.
 
     ``kind`` is ``"classification"`` (metric: test accuracy, higher is better; target: Momentum's best
-    test accuracy) or ``"autoencoder"`` (metric: test loss, lower is better; target: Momentum's final
-    training loss).
+    test accuracy), ``"autoencoder"`` (metric: test loss, lower is better; target: Momentum's final
+    training loss) or ``"language-model"`` (metric: validation loss per token, lower is better; target:
+    the ``reference`` optimizer's final validation loss). ``reference`` names the optimizer whose run
+    sets the target and against which epochs and seconds are compared (default Momentum).
+
+    ``eval_train`` (optional) evaluates the training loss on the first ``eval_train`` training examples
+    only (the test set is always evaluated whole).
 
     ``missing`` (optional) returns ``None`` when the task's data can be loaded, else how to get it;
     it must be cheap (look for files or packages, load nothing). ``lrs`` (optional) replaces the
@@ -62,6 +67,8 @@ class Task:
     lrs: Optional[dict] = None
     eval_batch: int = 5000
     target: Optional[float] = None
+    reference: str = "momentum"
+    eval_train: Optional[int] = None
 
     def unavailable_reason(self):
         """``None`` if the task can run here, else one line saying how to get its data."""
@@ -80,7 +87,7 @@ class Task:
 
     @property
     def target_metric(self):
-        return "test_acc" if self.kind == "classification" else "train_loss"
+        return {"classification": "test_acc", "language-model": "test_loss"}.get(self.kind, "train_loss")
 
     @property
     def target_rule(self):
@@ -93,12 +100,18 @@ class Task:
     def loss(self):
         if self.kind == "classification":
             return nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+        if self.kind == "language-model":
+            return models.TokenCrossEntropy()
         return nn.BCEWithLogitsLoss(reduction="mean")
 
     def evaluate(self, outputs, y_train, y_test):
         """Metrics from the network's outputs on ``concat(x_train, x_test)`` (eval mode)."""
         n = len(y_train)
         train_out, test_out = outputs[:n], outputs[n:]
+        if self.kind == "language-model":         # every position of every sequence counts once
+            vocab = outputs.shape[-1]
+            return {"train_loss": _softmax_cross_entropy(train_out.reshape(-1, vocab), y_train.reshape(-1)),
+                    "test_loss": _softmax_cross_entropy(test_out.reshape(-1, vocab), y_test.reshape(-1))}
         if self.kind == "classification":
             return {"train_loss": _softmax_cross_entropy(train_out, y_train),
                     "test_loss": _softmax_cross_entropy(test_out, y_test),
@@ -160,6 +173,19 @@ def _fmnist_2c2d_race(batch, epochs, target):
                 epochs=epochs, quick_epochs=1, batch_size=batch, missing=data.fashion_mnist_missing, target=target)
 
 
+def _stdlib_text():
+    return data.stdlib_text_arrays(length=TEXT_LENGTH, train_windows=TEXT_TRAIN, valid_windows=TEXT_VALID)
+
+
+TEXT_LENGTH, TEXT_TRAIN, TEXT_VALID, TEXT_BATCH = 64, 4096, 1024, 32
+_TEXT = (f"byte-level language modelling on the Python {data.python_version()} standard library's sources "
+         f"({len(data.STDLIB_TRAIN_FILES)} files for training, {len(data.STDLIB_VALID_FILES)} others for validation; "
+         f"{TEXT_TRAIN} training and {TEXT_VALID} validation windows of {TEXT_LENGTH} bytes), a causal transformer "
+         f"of stock layers (token and position nn.Embedding, 2 nn.TransformerEncoderLayer of width 64, 4 heads, "
+         f"feed-forward 256, a final nn.LayerNorm, a dense read-out; 137k parameters), cross-entropy per byte, "
+         f"batch {TEXT_BATCH} ({TEXT_TRAIN // TEXT_BATCH} steps per epoch)")
+
+
 TASKS = {task.name: task for task in (
     Task("digits-cnn", "scikit-learn digits (1437 train / 360 test 8x8 images), DigitsCNN "
          "(2 conv + 2 dense), softmax cross-entropy", "classification", _digits_images, models.DigitsCNN,
@@ -202,4 +228,10 @@ TASKS = {task.name: task for task in (
     Task("digits-cnn-b512", "scikit-learn digits (1437 train / 360 test 8x8 images), DigitsCNN, softmax "
          "cross-entropy, batch 512 (2 steps per epoch)", "classification", _digits_images, models.DigitsCNN,
          epochs=60, quick_epochs=10, batch_size=512, missing=_NEEDS_SKLEARN, target=0.95),
+    # issue 35's transformer on real text: the target is tuned AdamW's final validation loss; the
+    # training loss is evaluated on the first 1024 training windows (as many as the validation windows)
+    Task("stdlib-bytes", _TEXT, "language-model", _stdlib_text,
+         functools.partial(models.ByteTransformerLM, length=TEXT_LENGTH), epochs=6, quick_epochs=1,
+         batch_size=TEXT_BATCH, missing=data.stdlib_text_missing, eval_batch=512, reference="adamw",
+         eval_train=TEXT_VALID),
 )}

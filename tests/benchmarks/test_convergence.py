@@ -139,7 +139,7 @@ def test_fixed_target_race_picks_the_fastest_point_and_compares_with_the_better_
     assert best["kfac"]["seconds_to_target_excl_compile_vs_anchor"]["median"] == pytest.approx(0.8)
     assert best["momentum"]["epochs_to_target_vs_anchor"]["median"] == 2.0
     text = convergence.markdown(task, summary, seeds=2, epochs=60)
-    assert "test accuracy 0.95 (fixed" in text and "Momentum and Adam on this task (adam)" in text
+    assert "test accuracy 0.95 (fixed" in text and "first-order optimizer on this task (adam)" in text
 
 
 def test_fixed_target_race_without_momentum_compares_with_adam():
