@@ -289,11 +289,19 @@ class _CapturedMultiheadAttention:
         if swap:
             x = x.swapaxes(1, 0)
         shape = x.shape                                   # (L, B, E), or (L, E) unbatched
-        rows = self._ngd_capture.capture_input(x.reshape(-1, self.embed_dim))
-        packed = _MATMUL_TB(rows, self.in_proj_weight)
-        if self.in_proj_bias is not None:
-            packed = _BIAS_ADD(packed, self.in_proj_bias)
-        packed = self._ngd_capture.grad_hook(packed)
+        if x.ndim == 3 and self._ngd_capture.reduces:
+            # K-FAC-reduce: the capture sees the input and the output gradient per sequence, (B, L, n)
+            seqs = self._ngd_capture.capture_input(x.swapaxes(1, 0))
+            packed = _MATMUL_TB(seqs.reshape(-1, self.embed_dim), self.in_proj_weight)
+            if self.in_proj_bias is not None:
+                packed = _BIAS_ADD(packed, self.in_proj_bias)
+            packed = self._ngd_capture.grad_hook(packed.reshape(shape[1], shape[0], -1)).swapaxes(1, 0)
+        else:
+            rows = self._ngd_capture.capture_input(x.reshape(-1, self.embed_dim))
+            packed = _MATMUL_TB(rows, self.in_proj_weight)
+            if self.in_proj_bias is not None:
+                packed = _BIAS_ADD(packed, self.in_proj_bias)
+            packed = self._ngd_capture.grad_hook(packed)
         q, k, v = ops.split(packed, self.embed_dim, axis=-1)
         eye = ops.eye(self.embed_dim, self.embed_dim, packed.dtype)
         output, weights = multi_head_attention_forward(
@@ -463,16 +471,17 @@ SELF_ATTENTION_ONLY = ("not the self_attn of a stock nn.TransformerEncoderLayer 
                        "(a compiled graph cannot tell self- from cross-attention)")
 
 
-class AttentionType(LayerType):
+class AttentionType(DenseType):
     """``nn.MultiheadAttention``'s packed input projection (weight ``in_proj_weight`` (3E, E), bias
-    ``in_proj_bias``): a Dense layer on the rows of the attention's input, captured when the attention is
-    called as self-attention in training (:class:`_CapturedMultiheadAttention`); its ``out_proj`` is then
-    called as a layer and preconditioned as an nn.Dense. ``a_dim`` is E (+1 with the bias), ``g_dim`` 3E.
-    Separate q/k/v weights (``kdim`` or ``vdim`` other than E) are not captured."""
+    ``in_proj_bias``): a Dense layer on the rows of the attention's input (Dense's fields and formulas),
+    captured when the attention is called as self-attention in training
+    (:class:`_CapturedMultiheadAttention`); its ``out_proj`` is then called as a layer and preconditioned as
+    an nn.Dense. ``a_dim`` is E (+1 with the bias), ``g_dim`` 3E. Separate q/k/v weights (``kdim`` or
+    ``vdim`` other than E) are not captured. With ``sequence_approx="reduce"`` a batched input is
+    captured per sequence, (B, L, E), as a Dense layer's is."""
     kind = "attention"
     classes = (nn.MultiheadAttention,)
     constructs = ((nn.MultiheadAttention, _CapturedMultiheadAttention),)
-    has_positions = False
     probe_rank = 3              # its key bias has no gradient (softmax): a Dense layer probes the loss scale
     weight_attr = "in_proj_weight"
 
@@ -493,19 +502,6 @@ class AttentionType(LayerType):
                           if isinstance(cell, owners) and type(cell)._sa_block in [o._sa_block for o in owners]}
         return {id(cell): SELF_ATTENTION_ONLY for _, cell in network.cells_and_names()
                 if isinstance(cell, nn.MultiheadAttention) and id(cell) not in self_attention}
-
-    def spec_fields(self, cell, weight_shape, has_bias):
-        return {"a_dim": weight_shape[1] + int(has_bias), "g_dim": weight_shape[0]}
-
-    def statistic_shape(self, shape):
-        return (int(np.prod(shape[:-1])), shape[-1])
-
-    def positions_per_example(self, x_shape, y_shape, batch):
-        return int(np.prod(x_shape[:-1])) // batch
-
-    input_factor = staticmethod(DenseType.input_factor)
-    output_factor = staticmethod(DenseType.output_factor)
-    input_trace = staticmethod(DenseType.input_trace)
 
 
 # ------------------------------------------------------------------------------------ the registry

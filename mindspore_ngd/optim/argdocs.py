@@ -69,8 +69,9 @@ ARGUMENTS = {
         "    docs/algorithms.md."
     ),
     "sequence_approx": (
-        'sequence_approx (str): "expand" (default) or "reduce": the factors of a Dense layer whose input\n'
-        '    has more than two dimensions, (B, R, ..., features). "expand" counts each of the B R rows as an\n'
+        'sequence_approx (str): "expand" (default) or "reduce": the factors of a Dense layer (or of an\n'
+        '    nn.MultiheadAttention\'s packed input projection) whose input has more than two dimensions,\n'
+        '    (B, R, ..., features). "expand" counts each of the B R rows as an\n'
         '    example (right for a loss averaged over positions, as a language model\'s); "reduce" counts each\n'
         '    example once, its rows averaged (A) and summed (G) (Eschenhagen et al. 2023), and captures\n'
         '    its Gram matrices over B rows instead of B R. See :class:`mindspore_ngd.Policy`.'

@@ -65,8 +65,9 @@ class Policy:
             positions), A rescaled by ``T / T'``; Dense layers ignore it. 1 (default) uses every
             position. Neither option subsamples THOR's trace probes, the loss-scale probe or the
             unit-wise BatchNorm Fisher.
-        sequence_approx: "expand" (default) or "reduce": the Kronecker factors of a Dense layer whose
-            input has more than two dimensions, (B, R, ..., features). "expand" counts each of the B R
+        sequence_approx: "expand" (default) or "reduce": the Kronecker factors of a Dense layer (or of
+            an nn.MultiheadAttention's packed input projection) whose input has more than two
+            dimensions, (B, R, ..., features). "expand" counts each of the B R
             rows as an example, "reduce" each of the B examples once, its rows averaged on the input
             side and summed on the output side (K-FAC-expand and K-FAC-reduce, Eschenhagen et al.
             2023; :mod:`mindspore_ngd.curvature.factors`). Two-dimensional inputs are the same either way.

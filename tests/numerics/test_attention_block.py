@@ -74,11 +74,14 @@ def test_a_captured_self_attention_computes_what_the_stock_one_does(causal):
         np.testing.assert_allclose(grads[name], grad, rtol=1e-5, atol=1e-7, err_msg=name)
 
 
+@pytest.mark.parametrize("approx", ["expand", "reduce"])
 @pytest.mark.parametrize("has_bias", [True, False], ids=["bias", "no-bias"])
-def test_the_input_projection_factors_match_a_float64_reference(has_bias):
-    """A = (1/N) sum_n xbar xbar^T over the N = B L rows of the input; G = N sum_n dy dy^T, with dy the
-    gradient of the mean loss w.r.t. the packed projection's output rows. With N <= E + 1 the stock
-    layer's weight gradient dW = dY^T Xbar determines dY (Xbar has full row rank)."""
+def test_the_input_projection_factors_match_a_float64_reference(has_bias, approx):
+    """Expand: A = (1/N) sum_n xbar xbar^T over the N = B L rows of the input; G = N sum_n dy dy^T, with
+    dy the gradient of the mean loss w.r.t. the packed projection's output rows. Reduce (Eschenhagen et
+    al. 2023): A = (1/B) sum_b abar_b abar_b^T with abar_b the mean of sequence b's rows, G = N sum_b s_b
+    s_b^T with s_b the sum of its rows' dy. With N <= E + 1 the stock layer's weight gradient
+    dW = dY^T Xbar determines dY (Xbar has full row rank)."""
     net, stock = _pair(2, has_bias=has_bias)
     x, y = _data(3)
     _, stock_grads = _loss_and_grads(stock, x, y)
@@ -93,14 +96,17 @@ def test_the_input_projection_factors_match_a_float64_reference(has_bias):
     d_w = d_w.astype(np.float64)
     n = rows.shape[0]
     d_y = np.linalg.solve(rows @ rows.T, rows @ d_w.T)            # (N, 3E): dW = dY^T Xbar
-    opt = ngd.KFAC(net, 0.1, damping=1e-2, verbose=False)
+    opt = ngd.KFAC(net, 0.1, damping=1e-2, verbose=False, sequence_approx=approx)
     step = nn.TrainOneStepCell(nn.WithLossCell(net, CE), opt)
     step.set_train()
     step(Tensor(x), Tensor(y))
     block = next(b for b in opt.blocks if b.spec.kind == "attention")
     a, g = (f.asnumpy().astype(np.float64) for f in block.factors())
     assert a.shape == (E + int(has_bias),) * 2 and g.shape == (3 * E, 3 * E)
-    np.testing.assert_allclose(a, rows.T @ rows / n, rtol=1e-5, atol=1e-6)
+    if approx == "reduce":                          # rows are (b, l) in order: x is (B, L, E)
+        rows = rows.reshape(B, L, -1).mean(axis=1)
+        d_y = d_y.reshape(B, L, -1).sum(axis=1)
+    np.testing.assert_allclose(a, rows.T @ rows / rows.shape[0], rtol=1e-5, atol=1e-6)
     want = n * d_y.T @ d_y
     assert np.linalg.norm(g - want) < 1e-4 * np.linalg.norm(want)
     assert opt.demoted_layers() == []
