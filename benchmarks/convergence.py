@@ -181,6 +181,9 @@ OPTIMIZERS.update({
     "kfac-10/100": _variant(OPTIMIZERS["kfac"], factor_update_interval=10, inverse_update_interval=100),
     # factors every 10 steps, inverses at K-FAC's default 20 (the capture interval alone changed)
     "kfac-10/20": _variant(OPTIMIZERS["kfac"], factor_update_interval=10),
+    # K-FAC-reduce on sequence inputs (Eschenhagen et al. 2023): each example's rows averaged into one
+    # input row and its output gradients summed, instead of every position counted as an example
+    "kfac-reduce": _variant(OPTIMIZERS["kfac"], sequence_approx="reduce"),
     # SP-NGD with each change measured against the statistic alone, as before refresh_measure="damped"
     "spngd-raw": _variant(OPTIMIZERS["spngd"], refresh_measure="raw"),
     # the same first-order updates with one never-taken run-time branch in the step's graph, which
