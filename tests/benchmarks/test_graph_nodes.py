@@ -1,4 +1,7 @@
-"""The per-layer graph benchmark: nodes by source file and kept memory, slopes between two stack depths."""
+"""The per-layer graph benchmark: nodes by source file and kept memory, slopes between two stack depths.
+
+The end-to-end run compiles eight graphs in fresh processes (about 65 s): it is slow, run it with
+``python -m pytest -m slow tests/benchmarks/test_graph_nodes.py``."""
 import json
 
 import pytest
@@ -6,6 +9,7 @@ import pytest
 from benchmarks import graph_nodes
 
 
+@pytest.mark.slow
 def test_one_more_layer_is_measured_by_source_file_and_the_lean_graph_is_smaller(tmp_path, capsys):
     summary = graph_nodes.main(["--layers", "1,2", "--optimizers", "momentum,kfac", "--lean", "--top", "3",
                                 "--out", str(tmp_path)])
