@@ -20,14 +20,14 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops, Parameter, Tensor
 
-from .._graph import choose, columns as matrix_columns
+from .._graph import choose, columns as matrix_columns, per_shape_subgraph
 from ..capture import LayerCapture, never_captured
 from . import inverse as inv_ops
 from .blocks import BlockLayout, apply_left, apply_right
 from .state import fold_outcome
 from .statistics import damped_square_norm, fold_statistic
 
-__all__ = ["KroneckerBlock", "matrix_part"]
+__all__ = ["KroneckerBlock", "matrix_part", "folded_pair", "refreshed_pair"]
 
 
 def matrix_part(matrix, is_bias, has_bias, shape, dtype):
@@ -53,6 +53,42 @@ def _identity_inverse(layout, name, owned):
         return _square(layout.dim, name, 1.0, owned)
     eye = np.broadcast_to(np.eye(layout.size, dtype=np.float32), (layout.count, layout.size, layout.size))
     return Parameter(Tensor(np.ascontiguousarray(eye)), name=name, requires_grad=False)
+
+
+def folded_pair(a_factor, g_factor, a_updates, g_updates, a_batch, g_batch, take_a, take_g, decay, track_changes,
+                 damping, damping_split, positions):
+    """:meth:`KroneckerBlock.fold`'s arithmetic on tensors and constants only, so that layers of one shape
+    share one compiled copy (:func:`~mindspore_ngd._graph.per_shape_subgraph`)."""
+    a_ref = g_ref = None
+    if track_changes and damping is not None:
+        a_shift, g_shift = inv_ops.split_damping(a_factor, g_factor, damping, damping_split, positions)
+        a_ref, g_ref = damped_square_norm(a_factor, a_shift), damped_square_norm(g_factor, g_shift)
+    a, a_count, a_bad, a_change = fold_statistic(a_factor, a_updates, a_batch, take_a, decay, track_changes, a_ref)
+    g, g_count, g_bad, g_change = fold_statistic(g_factor, g_updates, g_batch, take_g, decay, track_changes, g_ref)
+    outcome = fold_outcome(ops.cast(a_count - a_updates, ms.float32), ops.cast(g_count - g_updates, ms.float32),
+                           ops.cast(a_bad, ms.float32), ops.cast(g_bad, ms.float32),
+                           (a_change, g_change) if track_changes else None)
+    return a, g, outcome
+
+
+def refreshed_pair(a_factor, g_factor, ready, damping, a_old, g_old, trusted, positions, a_layout, g_layout,
+                    damping_split, inverse_method, jitter):
+    """:meth:`KroneckerBlock.refreshed`'s arithmetic on tensors and constants only, so that layers of one
+    shape share one compiled copy (:func:`~mindspore_ngd._graph.per_shape_subgraph`)."""
+    a_safe, a_valid, a_trace = inv_ops.sanitized_blocks(a_factor, a_layout)
+    g_safe, g_valid, g_trace = inv_ops.sanitized_blocks(g_factor, g_layout)
+    a_shift, g_shift = inv_ops.split_damping_traces(a_trace, a_layout.dim, g_trace, g_layout.dim,
+                                                    damping, damping_split, positions)
+    a_inv, a_ok = inv_ops.damped_inverse(a_safe, a_shift, inverse_method,
+                                         inv_ops.jitter_of_trace(a_trace, jitter), a_old, trusted)
+    g_inv, g_ok = inv_ops.damped_inverse(ops.depend(g_safe, a_inv), g_shift, inverse_method,
+                                         inv_ops.jitter_of_trace(g_trace, jitter), g_old, trusted)
+    ok = ops.logical_and(ops.logical_and(a_valid, g_valid), ops.logical_and(a_ok, g_ok))
+    take = ops.logical_and(ok, ready)
+    new_a = choose(take, a_inv, a_old)
+    new_g = choose(take, g_inv, g_old)
+    fault = ops.cast(ops.logical_and(ready, ops.logical_not(ok)), ms.int32)
+    return new_a, new_g, take, fault
 
 
 class KroneckerBlock(nn.Cell):
@@ -96,6 +132,9 @@ class KroneckerBlock(nn.Cell):
         self.g_inverse = _identity_inverse(self.g_layout, f"{base}.G_inv", owned)
         self.capture = LayerCapture(spec, prefix, loss_scale, traces, sums_gradient, stat_fraction, stat_stride,
                                     sequence_approx)
+        # the fold and the refresh: one compiled copy per distinct shape, called by every layer of it
+        self._folded_pair = per_shape_subgraph(folded_pair)
+        self._refreshed_pair = per_shape_subgraph(refreshed_pair)
 
     def _input_layout(self, a_dim, split_dim):
         """How A is inverted: dense, or (THOR's ``split_dim``) as diagonal blocks."""
@@ -143,19 +182,8 @@ class KroneckerBlock(nn.Cell):
         inversion splits it), so a factor far smaller than its damping counts as stable."""
         a_factor, g_factor = state
         a_updates, g_updates = updates
-        a_ref = g_ref = None
-        if track_changes and damping is not None:
-            a_shift, g_shift = inv_ops.split_damping(a_factor, g_factor, damping, self.damping_split,
-                                                     self.positions())
-            a_ref, g_ref = damped_square_norm(a_factor, a_shift), damped_square_norm(g_factor, g_shift)
-        a, a_count, a_bad, a_change = fold_statistic(a_factor, a_updates, a_batch, take_a, decay, track_changes,
-                                                     a_ref)
-        g, g_count, g_bad, g_change = fold_statistic(g_factor, g_updates, g_batch, take_g, decay, track_changes,
-                                                     g_ref)
-        outcome = fold_outcome(ops.cast(a_count - a_updates, ms.float32), ops.cast(g_count - g_updates, ms.float32),
-                               ops.cast(a_bad, ms.float32), ops.cast(g_bad, ms.float32),
-                               (a_change, g_change) if track_changes else None)
-        return a, g, outcome
+        return self._folded_pair(a_factor, g_factor, a_updates, g_updates, a_batch, g_batch, take_a, take_g, decay,
+                                 track_changes, damping, self.damping_split, self.positions())
 
     def write_factors(self, state):
         """Store (A, G); the G write's result, after the A write (to order on)."""
@@ -186,20 +214,9 @@ class KroneckerBlock(nn.Cell):
         residual shows convergence."""
         a_factor, g_factor = state
         a_old, g_old = inverses
-        a_safe, a_valid, a_trace = inv_ops.sanitized_blocks(a_factor, self.a_layout)
-        g_safe, g_valid, g_trace = inv_ops.sanitized_blocks(g_factor, self.g_layout)
-        a_shift, g_shift = inv_ops.split_damping_traces(a_trace, self.a_layout.dim, g_trace, self.g_layout.dim,
-                                                        damping, self.damping_split, self.positions())
-        a_inv, a_ok = inv_ops.damped_inverse(a_safe, a_shift, self.inverse_method,
-                                             inv_ops.jitter_of_trace(a_trace, self.jitter), a_old, trusted)
-        g_inv, g_ok = inv_ops.damped_inverse(ops.depend(g_safe, a_inv), g_shift, self.inverse_method,
-                                             inv_ops.jitter_of_trace(g_trace, self.jitter), g_old, trusted)
-        ok = ops.logical_and(ops.logical_and(a_valid, g_valid), ops.logical_and(a_ok, g_ok))
-        take = ops.logical_and(ok, ready)
-        new_a = choose(take, a_inv, a_old)
-        new_g = choose(take, g_inv, g_old)
-        fault = ops.cast(ops.logical_and(ready, ops.logical_not(ok)), ms.int32)
-        return new_a, new_g, take, fault
+        return self._refreshed_pair(a_factor, g_factor, ready, damping, a_old, g_old, trusted, self.positions(),
+                                    self.a_layout, self.g_layout, self.damping_split, self.inverse_method,
+                                    self.jitter)
 
     def write_inverses(self, state):
         """Store (A inverse, G inverse); the G write's result, after the A write (to order on)."""

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import mindspore as ms
-from mindspore import nn, Tensor
+from mindspore import nn, ops, Tensor
 
 from mindspore_ngd import _graph
 
@@ -78,3 +78,46 @@ def test_permute_transposes_give_exactly_the_transposed_values(mode, dim):
             np.testing.assert_array_equal(value, ref)
     finally:
         ms.set_context(mode=ms.GRAPH_MODE)
+
+
+def _damped_square(m, shift):
+    """A per-layer computation with a branch-free check, as the fold and refresh are."""
+    out = ops.matmul(m, m) + shift * ops.eye(m.shape[0], m.shape[0], m.dtype)
+    ok = ops.isfinite(out).all()
+    return _graph.choose(ok, out, m), ok
+
+
+class _PerLayer(nn.Cell):
+    def __init__(self, fn, count, dim):
+        super().__init__()
+        rng = np.random.default_rng(1)
+        self.fn = fn
+        self.mats = ms.ParameterTuple([ms.Parameter(Tensor(rng.standard_normal((dim, dim)).astype(np.float32)),
+                                                    name=f"m{k}") for k in range(count)])
+
+    def construct(self, shift):
+        out = ()
+        for m in self.mats:
+            value, ok = self.fn(m, shift)
+            out += (value, ok)
+        return out
+
+
+def test_a_per_shape_subgraph_is_a_no_inline_copy_on_cpu_and_ascend_and_the_function_itself_on_gpu():
+    reused = _graph.per_shape_subgraph(_damped_square, "CPU")
+    assert reused is not _damped_square and reused.no_inline is True
+    assert not hasattr(_damped_square, "no_inline")          # the inlined original is left as it was
+    assert _graph.per_shape_subgraph(_damped_square, "Ascend") is reused
+    assert _graph.per_shape_subgraph(_damped_square, "GPU") is _damped_square
+
+
+def test_a_per_shape_subgraph_gives_the_inlined_values_bit_for_bit_in_graph_mode():
+    """Eight layers of two shapes through one subgraph each, against the same function inlined."""
+    ms.set_context(mode=ms.GRAPH_MODE)
+    shift = Tensor(np.float32(0.1))
+    for dim in (4, 6):
+        inlined = [x.asnumpy() for x in _PerLayer(_damped_square, 4, dim)(shift)]
+        reused = [x.asnumpy() for x in _PerLayer(_graph.per_shape_subgraph(_damped_square, "CPU"), 4, dim)(shift)]
+        assert len(inlined) == len(reused) == 8
+        for a, b in zip(inlined, reused):
+            np.testing.assert_array_equal(a, b)
