@@ -20,6 +20,7 @@ import numpy as np
 from mindspore import mint, nn, ops
 from mindspore.ops.function.nn_func import multi_head_attention_forward
 
+from .._graph import permuted
 from ..curvature import factors
 
 __all__ = ["LayerType", "DenseType", "Conv2dType", "EmbeddingType", "AttentionType", "SELF_ATTENTION_ONLY", "LAYER_TYPES", "register_layer_type",
@@ -284,6 +285,13 @@ class _CapturedMultiheadAttention:
             average_attn_weights=average_attn_weights, k_is_v=self.k_is_v, q_is_k=self.q_is_k, dtype=self.dtype)
         return self._ngd_outputs(output, weights, swap, need_weights)
 
+    def _ngd_in_proj(self, rows):
+        """The packed input projection ``[q k v] = rows W_in^T + b_in`` of (N, E) rows."""
+        packed = _MATMUL_TB(rows, self.in_proj_weight)
+        if self.in_proj_bias is not None:
+            packed = _BIAS_ADD(packed, self.in_proj_bias)
+        return packed
+
     def _ngd_self_attention(self, x, key_padding_mask, need_weights, attn_mask, average_attn_weights):
         swap = self.batch_first and x.ndim == 3
         if swap:
@@ -291,17 +299,12 @@ class _CapturedMultiheadAttention:
         shape = x.shape                                   # (L, B, E), or (L, E) unbatched
         if x.ndim == 3 and self._ngd_capture.reduces:
             # K-FAC-reduce: the capture sees the input and the output gradient per sequence, (B, L, n)
-            seqs = self._ngd_capture.capture_input(x.swapaxes(1, 0))
-            packed = _MATMUL_TB(seqs.reshape(-1, self.embed_dim), self.in_proj_weight)
-            if self.in_proj_bias is not None:
-                packed = _BIAS_ADD(packed, self.in_proj_bias)
-            packed = self._ngd_capture.grad_hook(packed.reshape(shape[1], shape[0], -1)).swapaxes(1, 0)
+            seqs = self._ngd_capture.capture_input(permuted(x, (1, 0, 2)))
+            packed = self._ngd_in_proj(seqs.reshape(-1, self.embed_dim)).reshape(shape[1], shape[0], -1)
+            packed = permuted(self._ngd_capture.grad_hook(packed), (1, 0, 2))
         else:
             rows = self._ngd_capture.capture_input(x.reshape(-1, self.embed_dim))
-            packed = _MATMUL_TB(rows, self.in_proj_weight)
-            if self.in_proj_bias is not None:
-                packed = _BIAS_ADD(packed, self.in_proj_bias)
-            packed = self._ngd_capture.grad_hook(packed)
+            packed = self._ngd_capture.grad_hook(self._ngd_in_proj(rows))
         q, k, v = ops.split(packed, self.embed_dim, axis=-1)
         eye = ops.eye(self.embed_dim, self.embed_dim, packed.dtype)
         output, weights = multi_head_attention_forward(
