@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 from mindspore import nn
 
-from .layer_types import CONV2D, DENSE, LAYER_TYPES, layer_type_of_class
+from .layer_types import CONV2D, DENSE, LAYER_TYPES, layer_type_of, layer_type_of_class
 
 __all__ = ["LayerSpec", "NormSpec", "find_layers", "find_batchnorms", "find_layernorms", "DENSE_CLASSES",
            "CONV_CLASSES", "LAYER_CLASSES"]
@@ -48,6 +48,11 @@ class LayerSpec:
     @property
     def has_bias(self):
         return self.bias_name is not None
+
+    @property
+    def a_diagonal(self):
+        """Whether the layer's A is kept as its diagonal (an Embedding's: a (a_dim,) vector)."""
+        return len(layer_type_of(self).input_buffer_shape(self.a_dim)) == 1
 
 
 def _base_class(cell):

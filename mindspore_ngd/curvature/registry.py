@@ -77,8 +77,6 @@ class BlockType:
         block_class (type): the class of its blocks.
         statistics (tuple of str): the suffixes of the statistics one block keeps, in the order the
             estimator lists them (``{layer}.{suffix}``).
-        exchanged (bool): the distributed exchange can carry its statistics (False: a distributed
-            optimizer leaves its layers to the plain update, with the reason in its WARNING line).
         opt_in (str or None): the :class:`~mindspore_ngd.Policy` field that must be True for its layers
             to be preconditioned (None: always); otherwise they get the plain update, with the reason in
             the WARNING line.
@@ -87,7 +85,6 @@ class BlockType:
     kinds = ()
     block_class = None
     statistics = ()
-    exchanged = True
     opt_in = None
 
     def build(self, spec, context, owned=True, sums_gradient=False):
@@ -140,7 +137,6 @@ class EmbeddingType(KroneckerType):
     family = "kronecker"
     kinds = ("embedding",)
     block_class = EmbeddingBlock
-    exchanged = False           # the exchange packs square factors (parallel/comm.py)
     opt_in = "precondition_embeddings"
 
     def build(self, spec, context, owned=True, sums_gradient=False):

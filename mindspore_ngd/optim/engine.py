@@ -58,8 +58,7 @@ from ..curvature.state import FactorState, LayerCounts
 from ..parallel import comm as parallel_comm
 from ..schedule import as_schedule, as_unit_schedule
 from .groups import parse_groups
-from ..curvature.registry import block_type_of
-from .layers import discover, parameter_roles, plain_layers, scale_batchnorm, single_device_only
+from .layers import discover, parameter_roles, plain_layers, scale_batchnorm
 from .argdocs import shared_arguments
 from .policy import Policy, check_arguments, default_decay_filter, resolve_nesterov
 from .divergence import check_divergence_growth
@@ -170,10 +169,6 @@ class NGDOptimizer(Precondition, Inspection, Update, Guard, nn.Optimizer):
                                                                  policy.batchnorm_damping is not None, policy)
         comm = parallel_comm.resolve(distributed, specs, grad_worker_fraction, balance, policy.split_dim,
                                      owner=type(self).__name__)
-        if comm is not None and not all(block_type_of(s).exchanged for s in specs):
-            specs, cells, skipped = single_device_only(specs, cells, skipped)
-            comm = parallel_comm.resolve(distributed, specs, grad_worker_fraction, balance, policy.split_dim,
-                                         owner=type(self).__name__)
         owned = comm.owned if comm is not None else (True,) * len(specs)
 
         super().__init__(learning_rate, groups.parameters, weight_decay=0.0, loss_scale=loss_scale)

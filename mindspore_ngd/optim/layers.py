@@ -5,8 +5,7 @@ from ..capture import find_batchnorms, find_layernorms, find_layers
 from ..capture.loss_scale import reference_batchnorm
 from ..curvature.registry import block_type_of
 
-__all__ = ["discover", "parameter_roles", "plain_layers", "scale_batchnorm", "single_device_only", "SINGLE_DEVICE",
-           "NORM_CLASSES"]
+__all__ = ["discover", "parameter_roles", "plain_layers", "scale_batchnorm", "NORM_CLASSES"]
 
 _NORM_NAMES = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "LayerNorm", "LayerNormExt",
                "GroupNorm", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d")
@@ -51,20 +50,6 @@ def discover(network, skip_layers, unit_batchnorm, policy=None):
         raise ValueError("network has no nn.Dense or nn.Conv2d layer that can be preconditioned"
                          + (f" (skipped: {skipped})" if skipped else ""))
     return specs, cells, norm_specs, norm_cells, skipped
-
-
-SINGLE_DEVICE = "preconditioned on one device only (its diagonal A is not packed for the exchange between ranks)"
-
-
-def single_device_only(specs, cells, skipped):
-    """``(specs, cells, skipped)`` of a distributed optimizer: the layers whose block type the exchange
-    cannot carry (``BlockType.exchanged`` False: nn.Embedding's) move to ``skipped`` with the reason
-    :data:`SINGLE_DEVICE`. ValueError when nothing is left to precondition."""
-    keep = [i for i, s in enumerate(specs) if block_type_of(s).exchanged]
-    skipped = skipped + [(specs[i].name, SINGLE_DEVICE) for i in range(len(specs)) if i not in keep]
-    if not keep:
-        raise ValueError(f"distributed: no layer of the network can be preconditioned across ranks (skipped: {skipped})")
-    return [specs[i] for i in keep], [cells[i] for i in keep], skipped
 
 
 def scale_batchnorm(network, norm_cells, index):

@@ -240,6 +240,9 @@ class ParallelOps(nn.Cell):
         self.owned = comm.owned
         self.a_dims = tuple(item.a_dim for item in plan.items)
         self.g_dims = tuple(item.g_dim for item in plan.items)
+        # a diagonal A (an embedding's) travels as its entries, and its layer's matrix is (a_dim, g_dim)
+        self.a_diagonal = tuple(item.a_diagonal for item in plan.items)
+        self.matrix_shapes = tuple(item.matrix_shape for item in plan.items)
         self.items_at = tuple(plan.items_at(p) for p in range(plan.group_size))
         # where layer k sits: its position and its index among that position's items
         slot = [0] * self.num_layers
@@ -257,9 +260,10 @@ class ParallelOps(nn.Cell):
                                    for p in range(plan.group_size))
         self.factor_total = self.factor_layout.total if self.scatter else sum(used)
         self.gradient_layout = plan.gradient_layout()
-        # upper-triangle indices, one constant per distinct side (int32: sides up to 46340)
-        dims = sorted(set(self.a_dims) | set(self.g_dims))
-        self.a_slots = tuple(dims.index(d) for d in self.a_dims)
+        # upper-triangle indices, one constant per distinct side of a square factor (int32: sides up to 46340)
+        squares = {d for d, diagonal in zip(self.a_dims, self.a_diagonal) if not diagonal}
+        dims = sorted(squares | set(self.g_dims))
+        self.a_slots = tuple(-1 if diagonal else dims.index(d) for d, diagonal in zip(self.a_dims, self.a_diagonal))
         self.g_slots = tuple(dims.index(d) for d in self.g_dims)
         self.tri_gather = tuple(Tensor(triu_flat_indices(d).astype(np.int32)) for d in dims)
         self.tri_scatter = tuple(Tensor(triu_flat_indices(d).astype(np.int32).reshape(-1, 1)) for d in dims)
@@ -298,12 +302,14 @@ class ParallelOps(nn.Cell):
 
     # ------------------------------------------------------------------ factors
     def pack_factors(self, a_batches, g_batches):
-        """Every layer's batch (A, G) triangles in one buffer of ``factor_total`` floats, by position."""
+        """Every layer's batch (A, G) triangles (a diagonal A: its entries) in one buffer of
+        ``factor_total`` floats, by position."""
         layout = self.factor_layout
         pieces = ()
         for p in range(self.positions):
             for k in self.items_at[p]:
-                pieces += (self.triu(a_batches[k], self.a_slots[k]), self.triu(g_batches[k], self.g_slots[k]))
+                a_piece = a_batches[k] if self.a_diagonal[k] else self.triu(a_batches[k], self.a_slots[k])
+                pieces += (a_piece, self.triu(g_batches[k], self.g_slots[k]))
             if self.scatter and layout.chunk > layout.used[p]:
                 pieces += (ops.zeros((layout.chunk - layout.used[p],), ms.float32),)
         return ops.concat(pieces) if len(pieces) > 1 else pieces[0]
@@ -326,11 +332,14 @@ class ParallelOps(nn.Cell):
         return total[start:stop], total[self.factor_total:]
 
     def unpack_factor(self, chunk, k, which):
-        """The symmetric A (``which=0``) or G (1) of owned layer ``k`` from this rank's part."""
+        """The symmetric A (``which=0``) or G (1) of owned layer ``k`` from this rank's part (a diagonal A
+        as its (a_dim,) entries)."""
         j = 2 * self.slot[k] + which
         dim = self.g_dims[k] if which else self.a_dims[k]
         slot = self.g_slots[k] if which else self.a_slots[k]
         offset = self.factor_layout.offsets[self.position][j]
+        if not which and self.a_diagonal[k]:
+            return chunk[offset:offset + dim]
         return self.symmetric(chunk[offset:offset + tri_size(dim)], slot, dim)
 
     # ------------------------------------------------------------------ preconditioned gradients
@@ -363,14 +372,14 @@ class ParallelOps(nn.Cell):
         return self.gather_op(chunk)
 
     def unpack_preconditioned(self, gathered):
-        """Every layer's preconditioned ``(g_dim, a_dim)`` matrix from the gathered buffer."""
+        """Every layer's preconditioned matrix (``WorkItem.matrix_shape``) from the gathered buffer."""
         layout = self.gradient_layout
         out = ()
         for k in range(self.num_layers):
             p = self.layer_position[k]
             start = p * layout.chunk + layout.offsets[p][self.slot[k]]
             size = self.g_dims[k] * self.a_dims[k]
-            out += (gathered[start:start + size].reshape(self.g_dims[k], self.a_dims[k]),)
+            out += (gathered[start:start + size].reshape(self.matrix_shapes[k]),)
         return out
 
     # ------------------------------------------------------------------ decisions

@@ -66,19 +66,40 @@ BALANCES = ("compute", "memory")
 
 @dataclass(frozen=True)
 class WorkItem:
-    """One preconditioned layer: its name and the sides of its A and G factors."""
+    """One preconditioned layer: its name, the sides of its A and G factors, and whether A is diagonal
+    (an embedding's, kept as its ``a_dim`` diagonal entries: it travels and inverts as a vector, and the
+    layer's preconditioned matrix keeps the table's ``(a_dim, g_dim)`` orientation)."""
     name: str
     a_dim: int
     g_dim: int
+    a_diagonal: bool = False
+
+    @property
+    def matrix_shape(self):
+        """The shape of the layer's preconditioned gradient matrix: ``(g_dim, a_dim)``, or the table's
+        ``(a_dim, g_dim)`` with a diagonal A."""
+        return (self.a_dim, self.g_dim) if self.a_diagonal else (self.g_dim, self.a_dim)
+
+    def costs(self, balance="compute", split_dim=None):
+        """:func:`factor_cost` of A plus G; a diagonal A costs its ``a_dim`` entries either way."""
+        a_cost = self.a_dim if self.a_diagonal else factor_cost(self.a_dim, balance, split_dim)
+        return a_cost + factor_cost(self.g_dim, balance, split_dim)
+
+    def factor_sizes(self, triangular=True):
+        """Floats of (A, G) as packed: upper triangles (or whole squares), a diagonal A's entries."""
+        size = tri_size if triangular else (lambda d: d * d)
+        return [self.a_dim if self.a_diagonal else size(self.a_dim), size(self.g_dim)]
 
     @classmethod
     def of(cls, item):
         """A ``WorkItem`` from a ``WorkItem``, an object with ``name/a_dim/g_dim`` (e.g. the engine's
-        ``LayerSpec``) or a ``(name, a_dim, g_dim)`` tuple."""
+        ``LayerSpec``, whose ``a_diagonal`` is read too) or a ``(name, a_dim, g_dim)`` tuple."""
         if isinstance(item, cls):
             return item
+        diagonal = False
         if all(hasattr(item, k) for k in ("name", "a_dim", "g_dim")):
             name, a_dim, g_dim = item.name, item.a_dim, item.g_dim
+            diagonal = getattr(item, "a_diagonal", False)
         else:
             try:
                 name, a_dim, g_dim = item
@@ -87,7 +108,9 @@ class WorkItem:
                                 f"got {item!r}") from None
         if not isinstance(name, str):
             raise TypeError(f"work item name must be a str, got {type(name).__name__} {name!r}")
-        return cls(name, _int(f"a_dim of {name!r}", a_dim, 1), _int(f"g_dim of {name!r}", g_dim, 1))
+        if not isinstance(diagonal, bool):
+            raise TypeError(f"a_diagonal of {name!r} must be a bool, got {type(diagonal).__name__}")
+        return cls(name, _int(f"a_dim of {name!r}", a_dim, 1), _int(f"g_dim of {name!r}", g_dim, 1), diagonal)
 
 
 def factor_cost(dim, balance="compute", split_dim=None):
@@ -278,10 +301,9 @@ class OwnershipPlan:
     # ----------------------------------------------------------------- packing layouts
     def factor_sizes(self, position, triangular=True):
         """Float counts of the A and G factors of the layers at ``position``: [A0, G0, A1, G1, ...]."""
-        size = tri_size if triangular else (lambda d: d * d)
         out = []
         for i in self.items_at(position):
-            out += [size(self.items[i].a_dim), size(self.items[i].g_dim)]
+            out += self.items[i].factor_sizes(triangular)
         return out
 
     def factor_layout(self, triangular=True):
@@ -289,7 +311,8 @@ class OwnershipPlan:
         return pack_layout([self.factor_sizes(p, triangular) for p in range(self.group_size)])
 
     def gradient_layout(self):
-        """:class:`PackLayout` of every position's preconditioned gradient matrices (g_dim x a_dim)."""
+        """:class:`PackLayout` of every position's preconditioned gradient matrices (``a_dim * g_dim`` floats
+        each, shaped as :attr:`WorkItem.matrix_shape`)."""
         return pack_layout([[self.items[i].a_dim * self.items[i].g_dim for i in self.items_at(p)]
                             for p in range(self.group_size)])
 
@@ -347,8 +370,7 @@ def plan_ownership(items, world_size, grad_worker_fraction=None, balance="comput
         raise ValueError(f"balance must be one of {list(BALANCES)}, got {balance!r}")
     if split_dim is not None:
         split_dim = _int("split_dim", split_dim, 1)
-    costs = tuple(factor_cost(it.a_dim, balance, split_dim) + factor_cost(it.g_dim, balance, split_dim)
-                  for it in items)
+    costs = tuple(it.costs(balance, split_dim) for it in items)
     positions = lpt_assign(costs, world_size // m)
     return OwnershipPlan(items=items, world_size=world_size, grad_workers=m, balance=balance,
                          split_dim=split_dim, costs=costs, positions=positions)

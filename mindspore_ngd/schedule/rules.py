@@ -345,7 +345,7 @@ class _GrowingCell(_RuleCell):
         for which in range(2):
             for k in range(layers):
                 block = self.blocks[k]
-                trace = ops.depend(block.batch_trace(which), token)
+                trace = ops.depend(block.batch_trace(which), token) * 1.0       # a value, not the Parameter
                 batch += (trace * self.control.g_correction() if which else trace,)
                 stored += (block.factor_trace(which) if block.owned else zero,)
         total = self.exchange.share_traces(ops.stack(batch + stored))

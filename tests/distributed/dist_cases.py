@@ -36,8 +36,28 @@ class ThreeLayerNet(nn.Cell):
         return self.fc2(self.relu(self.fc1(x)))
 
 
-def global_batches(steps):
+class TokenNet(nn.Cell):
+    """nn.Embedding(12, 4) over 5 tokens -> Dense(20->6) -> ReLU -> Dense(6->3): an embedding block (A the
+    (12,) diagonal of the token frequencies, G 4 x 4) and two Dense blocks (A: 21, 7; G: 6, 3)."""
+    vocab, length = 12, 5
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(self.vocab, 4)
+        self.flatten = nn.Flatten()
+        self.fc1 = nn.Dense(4 * self.length, 6)
+        self.relu = nn.ReLU()
+        self.fc2 = nn.Dense(6, CLASSES)
+
+    def construct(self, ids):
+        return self.fc2(self.relu(self.fc1(self.flatten(self.embed(ids)))))
+
+
+def global_batches(steps, tokens=False):
     rng = np.random.default_rng(7)
+    if tokens:      # tokens 0..8 only: three rows of the table are never looked up
+        return [(rng.integers(0, 9, (GLOBAL_BATCH, TokenNet.length)).astype(np.int32),
+                 rng.integers(0, CLASSES, GLOBAL_BATCH).astype(np.int32)) for _ in range(steps)]
     return [(rng.standard_normal((GLOBAL_BATCH, 2, 4, 4)).astype(np.float32),
              rng.integers(0, CLASSES, GLOBAL_BATCH).astype(np.int32)) for _ in range(steps)]
 
@@ -60,22 +80,26 @@ def _thor_trace(net, **kw):
     return ngd.THOR(net, 0.1, 1e-2, frequency=2, split_dim=None, trace_threshold=0.05, verbose=False, **kw)
 
 
-# name: (optimizer builder, steps, BatchNorm, extra optimizer arguments)
+# name: (optimizer builder, steps, network ("plain", "batchnorm": ThreeLayerNet; "tokens": TokenNet), extra
+# optimizer arguments)
 CASES = {
-    "kfac": (_kfac, 4, False, {}),
-    "kfac_half": (_kfac, 3, False, {"grad_worker_fraction": 0.5}),     # 4 ranks: owner groups of 2
-    "kfac_f1": (_kfac, 3, False, {"grad_worker_fraction": 1}),
-    "spngd": (_spngd, 8, False, {}),
-    "spngd_bn": (_spngd, 4, True, {}),
-    "thor": (_thor, 5, False, {}),
-    "thor_trace": (_thor_trace, 8, False, {}),
+    "kfac": (_kfac, 4, "plain", {}),
+    "kfac_half": (_kfac, 3, "plain", {"grad_worker_fraction": 0.5}),     # 4 ranks: owner groups of 2
+    "kfac_f1": (_kfac, 3, "plain", {"grad_worker_fraction": 1}),
+    "spngd": (_spngd, 8, "plain", {}),
+    "spngd_bn": (_spngd, 4, "batchnorm", {}),
+    "thor": (_thor, 5, "plain", {}),
+    "thor_trace": (_thor_trace, 8, "plain", {}),
+    # the embedding's diagonal A and (vocab, dim) step through the exchange
+    "kfac_tokens": (_kfac, 4, "tokens", {}),
+    "thor_tokens": (_thor_trace, 6, "tokens", {}),
 }
 
 
 def build(name, seed=0):
-    make, steps, batchnorm, extra = CASES[name]
+    make, steps, network, extra = CASES[name]
     ms.set_seed(seed)
-    net = ThreeLayerNet(batchnorm)
+    net = TokenNet() if network == "tokens" else ThreeLayerNet(network == "batchnorm")
     set_weights(net, np.random.default_rng(seed), scale=0.3)
     opt = make(net, **extra)
     return net, opt, steps
@@ -87,7 +111,7 @@ def run_case(name, rank=0, world=1):
     step = nn.TrainOneStepCell(nn.WithLossCell(net, CE), opt)
     step.set_train()
     part = GLOBAL_BATCH // world
-    for x, y in global_batches(steps):
+    for x, y in global_batches(steps, CASES[name][2] == "tokens"):
         step(Tensor(x[rank * part:(rank + 1) * part]), Tensor(y[rank * part:(rank + 1) * part]))
     out = {"weights": {p.name: p.asnumpy().copy() for p in net.trainable_params()},
            "counters": opt.state_counters(), "owned": list(opt.owned_layers),

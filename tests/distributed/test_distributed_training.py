@@ -18,7 +18,7 @@ import dist_cases
 
 pytestmark = pytest.mark.distributed
 
-EXACT = ["kfac", "kfac_f1", "spngd", "thor", "thor_trace"]
+EXACT = ["kfac", "kfac_f1", "spngd", "thor", "thor_trace", "kfac_tokens", "thor_tokens"]
 CASES = EXACT + ["spngd_bn"]
 
 
@@ -61,6 +61,25 @@ def test_two_ranks_equal_one_process_on_the_whole_batch(launch, references, name
     first, second = (_weights(r) for r in ranks)
     for key in first:
         np.testing.assert_array_equal(first[key], second[key], err_msg=f"{name} {key}: ranks differ")
+
+
+@pytest.mark.parametrize("name", ["kfac_tokens", "thor_tokens"])
+def test_an_embedding_is_preconditioned_by_its_owner_with_a_diagonal_a(launch, references, name):
+    # the equality above is not vacuous: the embedding is one of the blocks, its owner keeps A as the
+    # (vocab,) diagonal, the other rank its placeholders, and the table rows of tokens never seen stay put
+    shapes = [launch[r]["cases"][name]["factor_shapes"]["embed"] for r in (0, 1)]
+    vocab, dim = dist_cases.TokenNet.vocab, 4
+    assert sorted(shapes) == sorted([[[vocab], [dim, dim], [vocab], [dim, dim]], [[1], [1, 1], [1], [1, 1]]])
+    owner = [r for r in (0, 1) if shapes[r][0] == [vocab]][0]
+    a, _ = launch[owner]["cases"][name]["factors"]["embed"]
+    np.testing.assert_allclose(np.asarray(a), references[name]["factors"]["embed"][0], rtol=1e-5, atol=1e-7)
+    assert (np.asarray(a)[9:] == 0).all() and (np.asarray(a)[:9] > 0).all()
+    table = _weights(launch[0]["cases"][name])["embed.embedding_table"]
+    start = {n: v for n, v in dist_cases.build(name)[0].parameters_and_names()}["embed.embedding_table"].asnumpy()
+    moved = np.abs(table - start).max(axis=1)
+    assert (moved[:9] > 0).all()
+    if name == "thor_tokens":       # no weight decay: a row whose token never occurred has no step at all
+        assert (moved[9:] == 0).all()
 
 
 def test_stale_and_trace_rules_actually_skipped_statistics(launch, references):

@@ -12,11 +12,13 @@ from mindspore import nn, Tensor
 import mindspore_ngd as ngd
 from mindspore_ngd.parallel import check_checkpoint, checkpoint_layout, optimizer_layout
 from mindspore_ngd.parallel.comm import Communicator, resolve
-from mindspore_ngd.parallel.plan import plan_ownership
+from mindspore_ngd.parallel.plan import WorkItem, plan_ownership
 from nets import DenseNet
 from reference.numpy_packing import pack_buffer, pack_symmetric, unpack_buffer
 
 ITEMS = [("conv", 19, 3), ("fc1", 49, 6), ("fc2", 7, 3), ("fc3", 4, 2)]
+# with an embedding (vocabulary 12, dimension 4): its A travels as the 12 diagonal entries, its step as (12, 4)
+WITH_EMBEDDING = [WorkItem("embed", 12, 4, a_diagonal=True)] + [WorkItem.of(item) for item in ITEMS]
 
 
 @pytest.mark.parametrize("backend, world, fraction, factors, gather", [
@@ -62,16 +64,20 @@ def _symmetric(rng, dim):
     return x + x.T
 
 
-@pytest.mark.parametrize("world, fraction, backend", [(2, None, "mccl"), (3, None, "mccl"), (4, 0.5, "mccl"),
-                                                      (2, 1, "mccl"), (3, None, "nccl")])
-def test_graph_packing_matches_the_numpy_packers(world, fraction, backend):
+@pytest.mark.parametrize("world, fraction, backend, items", [
+    (2, None, "mccl", ITEMS), (3, None, "mccl", ITEMS), (4, 0.5, "mccl", ITEMS), (2, 1, "mccl", ITEMS),
+    (3, None, "nccl", ITEMS), (2, None, "mccl", WITH_EMBEDDING), (3, None, "nccl", WITH_EMBEDDING)])
+def test_graph_packing_matches_the_numpy_packers(world, fraction, backend, items):
     rng = np.random.default_rng(world)
-    plan = plan_ownership(ITEMS, world, fraction)
-    a = [_symmetric(rng, it[1]) for it in ITEMS]
-    g = [_symmetric(rng, it[2]) for it in ITEMS]
-    pre = [rng.standard_normal((it[2], it[1])).astype(np.float32) for it in ITEMS]
+    plan = plan_ownership(items, world, fraction)
+    items = plan.items
+    a = [rng.standard_normal(it.a_dim).astype(np.float32) if it.a_diagonal else _symmetric(rng, it.a_dim)
+         for it in items]
+    g = [_symmetric(rng, it.g_dim) for it in items]
+    pre = [rng.standard_normal(it.matrix_shape).astype(np.float32) for it in items]
     layout = plan.factor_layout()
-    parts = [[v for i in plan.items_at(p) for v in (pack_symmetric(a[i]), pack_symmetric(g[i]))]
+    parts = [[v for i in plan.items_at(p)
+              for v in (a[i] if items[i].a_diagonal else pack_symmetric(a[i]), pack_symmetric(g[i]))]
              for p in range(plan.group_size)]
     if backend == "nccl":                         # ReduceScatter: equal zero-padded chunks
         expected = pack_buffer(layout, parts)
@@ -80,7 +86,7 @@ def test_graph_packing_matches_the_numpy_packers(world, fraction, backend):
     gathered = np.zeros(plan.gradient_layout().total, np.float32)
     for rank in range(plan.group_size):           # the ranks of owner group 0
         comm = Communicator(plan, rank, backend)
-        mine = [k for k in range(len(ITEMS)) if comm.owned[k]]
+        mine = [k for k in range(len(items)) if comm.owned[k]]
         flat, owned, placed = _Packer(comm.ops(create_groups=False))(tuple(Tensor(m) for m in a), tuple(Tensor(m) for m in g),
                                                   tuple(Tensor(pre[k]) for k in mine))
         np.testing.assert_array_equal(flat.asnumpy(), expected)
@@ -103,10 +109,11 @@ class _Unpack(nn.Cell):
         return self.par.unpack_preconditioned(gathered)
 
 
-def test_unpack_preconditioned_gives_every_layer():
+@pytest.mark.parametrize("items", [ITEMS, WITH_EMBEDDING])
+def test_unpack_preconditioned_gives_every_layer(items):
     rng = np.random.default_rng(0)
-    plan = plan_ownership(ITEMS, 2)
-    pre = [rng.standard_normal((it[2], it[1])).astype(np.float32) for it in ITEMS]
+    plan = plan_ownership(items, 2)
+    pre = [rng.standard_normal(it.matrix_shape).astype(np.float32) for it in plan.items]
     buffer = pack_buffer(plan.gradient_layout(), [[pre[i] for i in plan.items_at(p)] for p in range(2)])
     out = _Unpack(Communicator(plan, 0, "mccl").ops())(Tensor(buffer))
     for k, matrix in enumerate(pre):

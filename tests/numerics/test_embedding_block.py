@@ -11,7 +11,7 @@ from mindspore.train import Model
 
 import mindspore_ngd as ngd
 from mindspore_ngd.curvature import factors
-from mindspore_ngd.optim.layers import SINGLE_DEVICE, single_device_only
+from mindspore_ngd.parallel.plan import WorkItem
 from training import StepLosses, one_step_update, train_step
 
 V, D, B, R, C = 11, 4, 3, 5, 3
@@ -155,15 +155,14 @@ def test_every_optimizer_trains_a_token_model_with_a_preconditioned_embedding_in
     assert "8 (diagonal)" not in opt.summary() and f"{vocab} (diagonal)" in opt.summary()
 
 
-def test_a_distributed_optimizer_leaves_embeddings_to_the_plain_update_with_the_reason():
-    rng = np.random.default_rng(0)
-    net = TokenNet(rng)
-    specs, cells, skipped = ngd.capture.find_layers(net)
-    kept, kept_cells, skipped = single_device_only(specs, cells, skipped)
-    assert [s.name for s in kept] == ["head"] and kept_cells == [net.head]
-    assert skipped == [("embed", SINGLE_DEVICE)]
-    with pytest.raises(ValueError, match="no layer of the network can be preconditioned across ranks"):
-        single_device_only(specs[:1], cells[:1], [])
+def test_the_layer_spec_tells_the_ownership_plan_that_the_embedding_a_is_diagonal():
+    # distributed, the exchange carries the (vocab,) diagonal and the (vocab, dim) step
+    # (tests/distributed/test_distributed_training.py trains it on two msrun ranks)
+    specs, _, _ = ngd.capture.find_layers(TokenNet(np.random.default_rng(0)))
+    assert [(s.name, s.a_diagonal) for s in specs] == [("embed", True), ("head", False)]
+    item = WorkItem.of(specs[0])
+    assert item.a_diagonal and item.matrix_shape == (V, D) and item.factor_sizes() == [V, D * (D + 1) // 2]
+    assert item.costs() == V + D ** 3 and item.costs("memory") == V + D ** 2
 
 
 def _token_state(how):
