@@ -3,13 +3,14 @@ from . import _log
 from .optim import KFAC, SPNGD, THOR, NGDOptimizer, Policy, default_decay_filter
 from .optim.divergence import is_divergence
 from .inspect import kronecker_factors
+from .capture.self_attention import SelfAttention
 from .train import (ConvertModelUtils, DivergenceMonitor, MCFisherTrainStep, NGDTrainOneStepCell, RefreshMonitor,
                     TrainingGuard, thor)
 
 __version__ = "0.2.0"
 __all__ = ["KFAC", "SPNGD", "THOR", "NGDOptimizer", "Policy", "default_decay_filter", "is_divergence", "kronecker_factors",
            "MCFisherTrainStep", "NGDTrainOneStepCell", "RefreshMonitor", "DivergenceMonitor", "TrainingGuard", "thor",
-           "ConvertModelUtils",
+           "ConvertModelUtils", "SelfAttention",
            "__version__"]
 
 

@@ -22,6 +22,7 @@ from mindspore.ops.function.nn_func import multi_head_attention_forward
 
 from .._graph import permuted
 from ..curvature import factors
+from .self_attention import SelfAttention
 
 __all__ = ["LayerType", "DenseType", "Conv2dType", "EmbeddingType", "AttentionType", "SELF_ATTENTION_ONLY", "LAYER_TYPES", "register_layer_type",
            "layer_type_of", "layer_type_of_class", "geometry_of", "registered"]
@@ -316,6 +317,17 @@ class _CapturedMultiheadAttention:
         return self._ngd_outputs(self.out_proj(output), weights, swap, need_weights)
 
 
+
+class _CapturedSelfAttention(_CapturedMultiheadAttention):
+    """construct of a capturing :class:`~mindspore_ngd.SelfAttention`: one input, captured in training as a
+    stock encoder layer's ``self_attn`` is, the stock computation in inference."""
+
+    def construct(self, x, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True):
+        if self.training:
+            return self._ngd_self_attention(x, key_padding_mask, need_weights, attn_mask, average_attn_weights)
+        return self._ngd_stock(x, x, x, key_padding_mask, need_weights, attn_mask, average_attn_weights)
+
+
 # ------------------------------------------------------------------------------------ the kinds
 def _dense_reduce_input_factor(x, geometry, has_bias, fraction, position_stride):
     return factors.dense_reduce_input_factor(x, has_bias, fraction)
@@ -471,20 +483,22 @@ class EmbeddingType(LayerType):
 
 
 SELF_ATTENTION_ONLY = ("not the self_attn of a stock nn.TransformerEncoderLayer or nn.TransformerDecoderLayer "
-                       "(a compiled graph cannot tell self- from cross-attention)")
+                       "(a compiled graph cannot tell self- from cross-attention; a self-attention of your own is "
+                       "preconditioned as a mindspore_ngd.SelfAttention)")
 
 
 class AttentionType(DenseType):
     """``nn.MultiheadAttention``'s packed input projection (weight ``in_proj_weight`` (3E, E), bias
     ``in_proj_bias``): a Dense layer on the rows of the attention's input (Dense's fields and formulas),
-    captured when the attention is called as self-attention in training
-    (:class:`_CapturedMultiheadAttention`); its ``out_proj`` is then called as a layer and preconditioned as
+    captured when the attention is called as self-attention in training: the ``self_attn`` of a stock
+    transformer layer (:class:`_CapturedMultiheadAttention`) or a :class:`~mindspore_ngd.SelfAttention`
+    (:class:`_CapturedSelfAttention`); its ``out_proj`` is then called as a layer and preconditioned as
     an nn.Dense. ``a_dim`` is E (+1 with the bias), ``g_dim`` 3E. Separate q/k/v weights (``kdim`` or
     ``vdim`` other than E) are not captured. With ``sequence_approx="reduce"`` a batched input is
     captured per sequence, (B, L, E), as a Dense layer's is."""
     kind = "attention"
-    classes = (nn.MultiheadAttention,)
-    constructs = ((nn.MultiheadAttention, _CapturedMultiheadAttention),)
+    classes = (SelfAttention, nn.MultiheadAttention)        # the subclass first: its construct is its own
+    constructs = ((SelfAttention, _CapturedSelfAttention), (nn.MultiheadAttention, _CapturedMultiheadAttention))
     probe_rank = 3              # its key bias has no gradient (softmax): a Dense layer probes the loss scale
     weight_attr = "in_proj_weight"
 
@@ -497,12 +511,13 @@ class AttentionType(DenseType):
         return None
 
     def network_reasons(self, network):
-        """``{id(cell): reason}`` for every nn.MultiheadAttention of ``network`` that is not the ``self_attn``
-        of a stock nn.TransformerEncoderLayer / nn.TransformerDecoderLayer (see
-        :class:`_CapturedMultiheadAttention`)."""
+        """``{id(cell): reason}`` for every nn.MultiheadAttention of ``network`` that is neither the
+        ``self_attn`` of a stock nn.TransformerEncoderLayer / nn.TransformerDecoderLayer nor a
+        :class:`~mindspore_ngd.SelfAttention` (see :class:`_CapturedMultiheadAttention`)."""
         owners = (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)
         self_attention = {id(cell.self_attn) for _, cell in network.cells_and_names()
                           if isinstance(cell, owners) and type(cell)._sa_block in [o._sa_block for o in owners]}
+        self_attention |= {id(cell) for _, cell in network.cells_and_names() if isinstance(cell, SelfAttention)}
         return {id(cell): SELF_ATTENTION_ONLY for _, cell in network.cells_and_names()
                 if isinstance(cell, nn.MultiheadAttention) and id(cell) not in self_attention}
 

@@ -112,6 +112,112 @@ def test_the_input_projection_factors_match_a_float64_reference(has_bias, approx
     assert opt.demoted_layers() == []
 
 
+class UserAttention(nn.Cell):
+    """A self-attention of the user's own model: an nn.MultiheadAttention called ``attn(x, x, x)``, or
+    (``wrapped``) a SelfAttention called ``attn(x)``; then a classifier on the mean over positions."""
+
+    def __init__(self, wrapped):
+        super().__init__()
+        self.attn = (ngd.SelfAttention if wrapped else nn.MultiheadAttention)(E, HEADS, batch_first=True)
+        self.head = nn.Dense(E, C)
+        self.wrapped = wrapped
+
+    def construct(self, x):
+        if self.wrapped:
+            out = self.attn(x, need_weights=False)[0]
+        else:
+            out = self.attn(x, x, x, need_weights=False)[0]
+        return self.head(out.mean(1))
+
+
+def test_a_self_attention_cell_of_ones_own_is_preconditioned_against_the_float64_reference():
+    wrapped, called, stock = UserAttention(True), UserAttention(False), UserAttention(False)
+    names = [p.name for p in wrapped.trainable_params()]
+    assert names == [p.name for p in stock.trainable_params()]          # the same checkpoint keys
+    rng = np.random.default_rng(4)
+    for params in zip(wrapped.trainable_params(), called.trainable_params(), stock.trainable_params()):
+        value = Tensor((0.5 * rng.standard_normal(params[0].shape)).astype(np.float32))
+        for p in params:
+            p.set_data(value)
+    # the stock layer called by user code gets the plain update, and the reason names the way out
+    skipped = dict(ngd.KFAC(called, 0.1, damping=1e-2, verbose=False).skipped_layers)
+    assert skipped["attn"] == SELF_ATTENTION_ONLY and "mindspore_ngd.SelfAttention" in SELF_ATTENTION_ONLY
+    opt = ngd.KFAC(wrapped, 0.1, damping=1e-2, verbose=False)
+    assert {s.name: s.kind for s in opt.layer_specs} == {"attn": "attention", "attn.out_proj": "dense",
+                                                         "head": "dense"}
+    assert opt.skipped_layers == ()
+    x, y = _data(5)
+    loss, grads = _loss_and_grads(wrapped, x, y)                # captured: the stock values
+    stock_loss, stock_grads = _loss_and_grads(stock, x, y)
+    assert abs(loss - stock_loss) < 1e-6 * abs(stock_loss)
+    for name, grad in stock_grads.items():
+        np.testing.assert_allclose(grads[name], grad, rtol=1e-5, atol=1e-7, err_msg=name)
+    # A and G of the packed input projection (K-FAC-expand), as in the encoder's test above
+    rows = np.concatenate([x.astype(np.float64).reshape(-1, E), np.ones((B * L, 1))], axis=1)
+    d_w = np.concatenate([stock_grads["attn.in_proj_weight"], stock_grads["attn.in_proj_bias"][:, None]], axis=1)
+    d_y = np.linalg.solve(rows @ rows.T, rows @ d_w.astype(np.float64).T)
+    step = nn.TrainOneStepCell(nn.WithLossCell(wrapped, CE), opt)
+    step.set_train()
+    step(Tensor(x), Tensor(y))
+    a, g = (f.asnumpy().astype(np.float64) for f in opt.blocks[0].factors())
+    np.testing.assert_allclose(a, rows.T @ rows / rows.shape[0], rtol=1e-5, atol=1e-6)
+    want = rows.shape[0] * d_y.T @ d_y
+    assert np.linalg.norm(g - want) < 1e-4 * np.linalg.norm(want)
+    assert opt.demoted_layers() == []
+    wrapped.set_train(False)                                     # inference: the stock computation
+    stock.set_train(False)
+    after = {p.name: p.data for p in wrapped.trainable_params()}
+    for p in stock.trainable_params():
+        p.set_data(after[p.name].copy())
+    np.testing.assert_allclose(wrapped(Tensor(x)).asnumpy(), stock(Tensor(x)).asnumpy(), rtol=1e-6, atol=1e-7)
+
+
+def _self_attention_state(how):
+    """Three THOR steps on UserAttention(wrapped=True), by ``how`` ("model": Model.train; "jit": MindSpore's
+    functional loop under ms.jit, ``ms.value_and_grad`` then ``opt(grads)``): every weight and optimizer
+    Parameter by name."""
+    from mindspore.train import Model
+    ms.set_seed(3)
+    net = UserAttention(True)
+    opt = ngd.THOR(net, 0.05, 1e-2, frequency=2, verbose=False)
+    batches = [_data(20 + i) for i in range(3)]
+    if how == "model":
+        data = ms.dataset.NumpySlicesDataset({"x": np.stack([b[0] for b in batches]),
+                                              "y": np.stack([b[1] for b in batches])}, shuffle=False)
+        Model(net, CE, opt).train(1, data, dataset_sink_mode=False)
+    else:
+        net.set_train()
+
+        def forward_fn(x, y):
+            return CE(net(x), y)
+
+        grad_fn = ms.value_and_grad(forward_fn, None, opt.parameters)
+
+        @ms.jit
+        def step(x, y):
+            loss, grads = grad_fn(x, y)
+            opt(grads)
+            return loss
+
+        for x, y in batches:
+            step(Tensor(x), Tensor(y))
+    assert opt.demoted_layers() == [] and tuple(opt.factor_updates()["attn"]) == (2, 2)
+    state = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+    state.update({p.name: p.asnumpy().copy() for p in opt.get_parameters()})
+    return state
+
+
+def test_the_functional_loop_trains_a_self_attention_cell_as_model_train():
+    state, expected = _self_attention_state("jit"), _self_attention_state("model")
+    different = [name for name in expected if not np.array_equal(state[name], expected[name])]
+    assert sorted(state) == sorted(expected) and not different, different
+
+
+def test_self_attention_refuses_a_key_or_value_size_of_its_own():
+    with pytest.raises(ValueError, match="kdim must be None or embed_dim=8"):
+        ngd.SelfAttention(E, HEADS, kdim=4)
+
+
 @pytest.mark.slow
 def test_only_the_self_attention_of_stock_transformer_layers_is_captured_and_the_rest_say_why():
     class Mixed(nn.Cell):

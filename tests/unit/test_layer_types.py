@@ -10,6 +10,7 @@ import pytest
 
 from mindspore import Parameter, Tensor, mint, nn
 
+import mindspore_ngd as ngd
 from mindspore_ngd.capture import CONV_CLASSES, DENSE_CLASSES, LAYER_CLASSES, LayerCapture, LayerSpec, find_layers
 from mindspore_ngd.capture import attach, detach
 from mindspore_ngd.capture.layer_types import (LAYER_TYPES, Conv2dType, DenseType, LayerType, layer_type_of,
@@ -32,7 +33,7 @@ class Net(nn.Cell):
 def test_the_built_in_kinds_are_registered_with_their_classes():
     assert list(LAYER_TYPES) == ["dense", "conv2d", "embedding", "attention"]
     assert LAYER_TYPES["embedding"].classes == (nn.Embedding,)
-    assert LAYER_TYPES["attention"].classes == (nn.MultiheadAttention,)
+    assert LAYER_TYPES["attention"].classes == (ngd.SelfAttention, nn.MultiheadAttention)
     assert isinstance(LAYER_TYPES["dense"], DenseType) and isinstance(LAYER_TYPES["conv2d"], Conv2dType)
     assert LAYER_TYPES["dense"].classes == DENSE_CLASSES == (nn.Dense, nn.Linear)
     assert LAYER_TYPES["conv2d"].classes == CONV_CLASSES == (nn.Conv2d, mint.nn.Conv2d)
