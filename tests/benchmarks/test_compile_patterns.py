@@ -22,6 +22,7 @@ def test_sizes_must_be_positive():
         compile_patterns.main(["--sizes", "0"])
 
 
+@pytest.mark.slow
 def test_both_forms_of_every_idiom_compile_to_the_same_values(tmp_path):
     path = compile_patterns.main(["--family", "idioms", "--sizes", "3", "--out", str(tmp_path)])
     with open(path, encoding="utf-8") as handle:

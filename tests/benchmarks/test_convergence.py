@@ -71,6 +71,7 @@ def test_quick_mode_digits_cnn(tmp_path):
         assert handle.read() == table
 
 
+@pytest.mark.slow
 def test_quick_mode_autoencoder_reports_losses(tmp_path):
     outputs = convergence.main(["--task", "digits-autoencoder", "--quick", "--epochs", "1", "--no-plots",
                                 "--optimizers", "momentum,kfac", "--out", str(tmp_path)])
@@ -308,6 +309,7 @@ def test_mnist1d_is_regenerated_offline_without_touching_numpy_global_state():
     assert TASKS["mnist1d-cnn"].load()[0].shape == (4000, 1, 1, 40)
 
 
+@pytest.mark.slow
 def test_a_run_that_the_optimizer_stops_is_recorded_and_the_race_goes_on(monkeypatch):
     """The optimizer's divergence stop (a RuntimeError from inside the step) ends that run only: the run
     is recorded as diverged with the stop's first line, and the summary still picks the other point

@@ -79,6 +79,7 @@ def test_main_end_to_end_on_a_tiny_net(tmp_path):
     assert "| tiny-mlp (8) | kfac |" in result["markdown"]
 
 
+@pytest.mark.slow
 def test_each_model_is_timed_at_each_batch_size(tmp_path):
     path = cost_model.main(["--models", "tiny-mlp", "--optimizers", "momentum,thor", "--batch", "4,32",
                             "--period", "2", "--repeats", "1", "--out", str(tmp_path)])
@@ -93,6 +94,7 @@ def test_each_model_is_timed_at_each_batch_size(tmp_path):
     assert "| tiny-mlp (4) | thor |" in result["markdown"] and "| tiny-mlp (32) | thor |" in result["markdown"]
 
 
+@pytest.mark.slow
 def test_several_graphs_per_optimizer_pool_their_steps(tmp_path):
     path = cost_model.main(["--models", "tiny-mlp", "--optimizers", "momentum,kfac-P/P", "--rounds", "1",
                             "--period", "2", "--graphs", "2", "--repeats", "1", "--out", str(tmp_path)])
@@ -107,6 +109,7 @@ def test_several_graphs_per_optimizer_pool_their_steps(tmp_path):
     assert "| tiny-mlp (8) | momentum | " in result["markdown"]
 
 
+@pytest.mark.slow
 def test_lean_kinds_train_with_the_lean_step_and_report_both_compiles(tmp_path):
     path = cost_model.main(["--models", "tiny-mlp", "--optimizers", "momentum,kfac-P/P,kfac-P/P+lean",
                             "--rounds", "1", "--period", "3", "--repeats", "1", "--out", str(tmp_path)])

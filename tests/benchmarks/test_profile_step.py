@@ -74,6 +74,7 @@ def test_spngd_is_profiled_with_the_statistics_it_refreshed_in_the_window(tmp_pa
     assert f"| tiny-mlp | spngd ({row['statistic_refreshes']} statistic refreshes) |" in table
 
 
+@pytest.mark.slow
 def test_the_lean_step_writes_no_factor_on_a_step_that_captures_nothing(tmp_path):
     plain = profile_step.profile_one("tiny-mlp", "thor", 4)
     lean = profile_step.profile_one("tiny-mlp", "thor+lean", 4)

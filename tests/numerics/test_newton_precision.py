@@ -140,7 +140,7 @@ def _check_case(case, shift, variants):
     return results
 
 
-@pytest.mark.parametrize("case", ["128x4", "256"])
+@pytest.mark.parametrize("case", [pytest.param("128x4", marks=pytest.mark.slow), "256"])
 @pytest.mark.parametrize("shift", [pytest.param(1e-3, marks=pytest.mark.slow), 1e-4])
 def test_split_newton_delivers_in_both_precisions_on_power_law_factors(case, shift):
     """Where the 12-step iteration refused (256 at 1e-4: 5e-3; 128-blocks at 1e-4: 0.1) and plain

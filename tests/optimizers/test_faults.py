@@ -48,8 +48,13 @@ def test_nan_batch_leaves_weights_finite_and_is_counted():
     assert all(np.isfinite(p.asnumpy()).all() for p in net.trainable_params())
 
 
-@pytest.mark.parametrize("method", ["cholesky", "lu", "eigh", "newton", "newton_split"])
-@pytest.mark.parametrize("corruption", ["nan", "indefinite"])
+# the Newton-Schulz paths compile longest: the default run keeps newton_split (Ascend's) with a NaN factor
+_SLOW_FAULTS = {("newton", "nan"), ("newton", "indefinite"), ("newton_split", "indefinite")}
+
+
+@pytest.mark.parametrize("corruption, method", [
+    pytest.param(c, m, marks=pytest.mark.slow) if (m, c) in _SLOW_FAULTS else (c, m)
+    for c in ("nan", "indefinite") for m in ("cholesky", "lu", "eigh", "newton", "newton_split")])
 def test_corrupt_factor_keeps_previous_inverse(method, corruption):
     ms.set_seed(0)
     net = DenseNet()

@@ -98,7 +98,7 @@ HEALTHY = {   # constructor arguments of a run that trains on digits (3 epochs a
 }
 
 
-@pytest.mark.parametrize("name", list(HEALTHY))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n != "THOR" else n for n in HEALTHY])
 def test_healthy_digits_runs_never_count_an_exploding_step(name):
     from benchmarks.data import digits_arrays
     x_train, y_train, _, _ = digits_arrays()

@@ -54,8 +54,12 @@ LEAN_STEPS = {"kfac_eigh": [s for s in range(gc.STEPS) if s % 2],
               "kfac_4_adaptive": [s for s in range(gc.STEPS) if s % 4]}
 
 
-@pytest.mark.parametrize("name", ["kfac_eigh", "kfac_3_4", "kfac_4_adaptive", "spngd_bn", "thor_split_trace",
-                                  pytest.param("thor_split_clip", marks=pytest.mark.slow)])
+# the default run keeps one SP-NGD and one THOR case (the refresh and trace branches of the lean graph);
+# the K-FAC variants are slow
+@pytest.mark.parametrize("name", [pytest.param("kfac_eigh", marks=pytest.mark.slow),
+                                  pytest.param("kfac_3_4", marks=pytest.mark.slow),
+                                  pytest.param("kfac_4_adaptive", marks=pytest.mark.slow), "spngd_bn",
+                                  "thor_split_trace", pytest.param("thor_split_clip", marks=pytest.mark.slow)])
 def test_lean_steps_train_bit_identically_to_the_full_step(name):
     plain, lean = _golden_pair(name)
     for x, y in gc.batches():
@@ -107,6 +111,7 @@ def test_model_train_with_the_lean_step_matches_model_with_the_optimizer():
     assert lean_opt.state_counters()["step"] == 12
 
 
+@pytest.mark.slow
 def test_a_sunk_loop_trains_the_same():
     # on CPU MindSpore 2.10 still calls the training cell once per step in a sunk loop (measured), so
     # the lean graph runs there too; a device that compiles the loop would run construct: the full step
@@ -116,6 +121,7 @@ def test_a_sunk_loop_trains_the_same():
     _assert_same(plain, sunk)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_the_lean_step_resumes_to_the_same_weights():
     def fresh():
         ms.set_seed(0)
@@ -145,6 +151,7 @@ def test_a_checkpoint_of_the_lean_step_resumes_to_the_same_weights():
     _assert_same(_all_state(straight), _all_state(resumed))
 
 
+@pytest.mark.slow
 def test_a_new_batch_size_recompiles_each_graph_as_it_was():
     # a smaller last batch makes MindSpore compile both cells again: the lean one must come out lean
     # and the full one full (the switch is set around every lean call, never around a full one)
@@ -205,6 +212,7 @@ def test_bad_optimizers_are_refused_before_compiling():
         ngd.NGDTrainOneStepCell(nn.WithLossCell(net, CE), mc)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_two_msrun_ranks_train_the_same_with_the_lean_step():
     from distributed import run_msrun

@@ -49,7 +49,8 @@ def _dense_stack(layers):
     return nn.SequentialCell(cells + [nn.Dense(6, 3)])
 
 
-@pytest.mark.parametrize("name", list(OPTIMIZERS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "kfac-fixed-damping" else n
+                                  for n in OPTIMIZERS])
 def test_the_step_copies_no_layer_state_and_no_more_for_more_layers(name, tmp_path):
     """No factor, inverse or capture flag is copied, and the copies left (a few scalars and per-layer
     count vectors the fold and the refresh read across run-time branches: the capturing flag, the

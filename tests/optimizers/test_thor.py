@@ -129,7 +129,7 @@ def test_trace_threshold_controls_which_layers_refresh(threshold, expected_refre
     assert set(opt.factor_updates().values()) == {(expected_refreshes, expected_refreshes)}
 
 
-@pytest.mark.parametrize("threshold", [0.2, 1e-9])      # 0.2: the layers refresh 3 and 2 times
+@pytest.mark.parametrize("threshold", [0.2, pytest.param(1e-9, marks=pytest.mark.slow)])  # 0.2: refreshes 3 and 2
 def test_block_split_thor_with_traces_inverts_under_one_branch_with_the_same_result(threshold, monkeypatch):
     def make(net):
         return ngd.THOR(net, 0.05, 1e-2, frequency=2, trace_threshold=threshold, split_dim=2, verbose=False)
