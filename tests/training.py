@@ -70,3 +70,35 @@ def one_step_update(net, x, y, split, damping, **kwargs):
     step(Tensor(x), Tensor(y))
     after = {p.name: p.asnumpy().astype(np.float64) for p in net.trainable_params()}
     return {name: after[name] - before[name] for name in before}
+
+
+def train_by(how, net, opt, batches, loss_fn=CE):
+    """Train ``net`` with ``opt`` on ``batches`` ((x, y) NumPy pairs) as a user would write it: "model"
+    (``Model.train``, one dataset element per batch, no sink), or MindSpore's functional loop,
+    ``ms.value_and_grad`` then ``opt(grads)``, under ``ms.jit`` ("jit") or as it is ("loop"). Returns every
+    weight and optimizer Parameter by name (copies)."""
+    from mindspore.train import Model
+    if how == "model":
+        data = ms.dataset.NumpySlicesDataset({"x": np.stack([b[0] for b in batches]),
+                                              "y": np.stack([b[1] for b in batches])}, shuffle=False)
+        Model(net, loss_fn, opt).train(1, data, dataset_sink_mode=False)
+    else:
+        net.set_train()
+
+        def forward_fn(x, y):
+            return loss_fn(net(x), y)
+
+        grad_fn = ms.value_and_grad(forward_fn, None, opt.parameters)
+
+        def step(x, y):
+            loss, grads = grad_fn(x, y)
+            opt(grads)
+            return loss
+
+        if how == "jit":
+            step = ms.jit(step)
+        for x, y in batches:
+            step(Tensor(x), Tensor(y))
+    state = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+    state.update({p.name: p.asnumpy().copy() for p in opt.get_parameters()})
+    return state

@@ -14,7 +14,7 @@ from mindspore import nn, Tensor
 import mindspore_ngd as ngd
 from mindspore_ngd.capture.discover import READ_DIRECTLY
 from mindspore_ngd.capture.layer_types import SELF_ATTENTION_ONLY
-from training import StepLosses
+from training import StepLosses, train_by
 
 B, L, E, HEADS, C = 2, 3, 8, 2, 3
 CE = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
@@ -176,34 +176,11 @@ def _self_attention_state(how):
     """Three THOR steps on UserAttention(wrapped=True), by ``how`` ("model": Model.train; "jit": MindSpore's
     functional loop under ms.jit, ``ms.value_and_grad`` then ``opt(grads)``): every weight and optimizer
     Parameter by name."""
-    from mindspore.train import Model
     ms.set_seed(3)
     net = UserAttention(True)
     opt = ngd.THOR(net, 0.05, 1e-2, frequency=2, verbose=False)
-    batches = [_data(20 + i) for i in range(3)]
-    if how == "model":
-        data = ms.dataset.NumpySlicesDataset({"x": np.stack([b[0] for b in batches]),
-                                              "y": np.stack([b[1] for b in batches])}, shuffle=False)
-        Model(net, CE, opt).train(1, data, dataset_sink_mode=False)
-    else:
-        net.set_train()
-
-        def forward_fn(x, y):
-            return CE(net(x), y)
-
-        grad_fn = ms.value_and_grad(forward_fn, None, opt.parameters)
-
-        @ms.jit
-        def step(x, y):
-            loss, grads = grad_fn(x, y)
-            opt(grads)
-            return loss
-
-        for x, y in batches:
-            step(Tensor(x), Tensor(y))
+    state = train_by(how, net, opt, [_data(20 + i) for i in range(3)], CE)
     assert opt.demoted_layers() == [] and tuple(opt.factor_updates()["attn"]) == (2, 2)
-    state = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
-    state.update({p.name: p.asnumpy().copy() for p in opt.get_parameters()})
     return state
 
 

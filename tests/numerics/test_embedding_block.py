@@ -12,7 +12,7 @@ from mindspore.train import Model
 import mindspore_ngd as ngd
 from mindspore_ngd.curvature import factors
 from mindspore_ngd.parallel.plan import WorkItem
-from training import StepLosses, one_step_update, train_step
+from training import StepLosses, one_step_update, train_by, train_step
 
 V, D, B, R, C = 11, 4, 3, 5, 3
 TOL = 2e-5
@@ -172,32 +172,9 @@ def _token_state(how):
     rng, _, _ = _data(0)
     net = TokenNet(rng)
     opt = ngd.KFAC(net, 0.1, damping=1e-2, verbose=False, precondition_embeddings=True)
-    batches = [_data(10 + i)[1:] for i in range(4)]
-    loss_fn = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
-    if how == "model":           # one dataset element per batch: ids (B, R), labels (B R,)
-        data = ms.dataset.NumpySlicesDataset({"x": np.stack([b[0] for b in batches]),
-                                              "y": np.stack([b[1] for b in batches])}, shuffle=False)
-        Model(net, loss_fn, opt).train(1, data, dataset_sink_mode=False)
-    else:
-        net.set_train()
-
-        def forward_fn(x, y):
-            return loss_fn(net(x), y)
-
-        grad_fn = ms.value_and_grad(forward_fn, None, opt.parameters)
-
-        def step(x, y):
-            loss, grads = grad_fn(x, y)
-            opt(grads)
-            return loss
-
-        if how == "jit":
-            step = ms.jit(step)
-        for ids, y in batches:
-            step(Tensor(ids), Tensor(y))
+    batches = [_data(10 + i)[1:] for i in range(4)]      # one batch: ids (B, R), labels (B R,)
+    state = train_by(how, net, opt, batches)
     assert opt.demoted_layers() == [] and all(a > 0 and g > 0 for a, g in opt.factor_updates().values())
-    state = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
-    state.update({p.name: p.asnumpy().copy() for p in opt.get_parameters()})
     return state
 
 
