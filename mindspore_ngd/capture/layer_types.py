@@ -317,7 +317,6 @@ class _CapturedMultiheadAttention:
         return self._ngd_outputs(self.out_proj(output), weights, swap, need_weights)
 
 
-
 class _CapturedSelfAttention(_CapturedMultiheadAttention):
     """construct of a capturing :class:`~mindspore_ngd.SelfAttention`: one input, captured in training as a
     stock encoder layer's ``self_attn`` is, the stock computation in inference."""

@@ -5,9 +5,10 @@ The optimizer calls an exchange at four points of its step; on a single device
 each is one collective. In step order:
 
 1. :meth:`reduce_statistics` (steps that capture): every rank's batch A and G of every layer, packed
-   as upper triangles (an embedding's diagonal A as its entries), summed over the ranks (ReduceScatter to the owners, or an AllReduce on CPU),
-   plus the small BatchNorm Fishers that every rank folds; divided by the world size (per-rank means
-   over equal local batches give the global mean). Ordered after the gradients by its input token.
+   as upper triangles (an embedding's diagonal A as its entries), summed over the ranks (ReduceScatter
+   to the owners, or an AllReduce on CPU), plus the small BatchNorm Fishers that every rank folds;
+   divided by the world size (per-rank means over equal local batches give the global mean). Ordered
+   after the gradients by its input token.
 2. :meth:`agree` (steps that capture): the owners' fold outcome (taken, rejected, relative change)
    summed over the ranks, so that update counts and refresh decisions are identical everywhere; it
    waits for 1 (a rank owning nothing would otherwise issue it first: size mismatch).
