@@ -72,11 +72,41 @@ def one_step_update(net, x, y, split, damping, **kwargs):
     return {name: after[name] - before[name] for name in before}
 
 
+
+def training_state(net, opt):
+    """Every weight and every optimizer Parameter (moments, factors, inverses, counters) by name, copied."""
+    state = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
+    state.update({p.name: p.asnumpy().copy() for p in opt.get_parameters()})
+    return state
+
+
+def assert_same_state(state, expected, what="the reference"):
+    """The same names and bit-identical values in two :func:`training_state` dicts."""
+    assert sorted(state) == sorted(expected)
+    different = [name for name in expected if not np.array_equal(state[name], expected[name])]
+    assert not different, f"not bit-identical to {what}: {different}"
+
+
+def functional_step(net, opt, loss_fn=CE, jit=False):
+    """MindSpore's functional training step, ``ms.value_and_grad`` over ``opt.parameters`` then
+    ``opt(grads)``, under ``ms.jit`` or as it is; it returns the loss. ``net.set_train()`` is the caller's."""
+    def forward_fn(x, y):
+        return loss_fn(net(x), y)
+
+    grad_fn = ms.value_and_grad(forward_fn, None, opt.parameters)
+
+    def step(x, y):
+        loss, grads = grad_fn(x, y)
+        opt(grads)
+        return loss
+
+    return ms.jit(step) if jit else step
+
+
 def train_by(how, net, opt, batches, loss_fn=CE):
     """Train ``net`` with ``opt`` on ``batches`` ((x, y) NumPy pairs) as a user would write it: "model"
-    (``Model.train``, one dataset element per batch, no sink), or MindSpore's functional loop,
-    ``ms.value_and_grad`` then ``opt(grads)``, under ``ms.jit`` ("jit") or as it is ("loop"). Returns every
-    weight and optimizer Parameter by name (copies)."""
+    (``Model.train``, one dataset element per batch, no sink), or the :func:`functional_step` loop under
+    ``ms.jit`` ("jit") or as it is ("loop"). Returns :func:`training_state`."""
     from mindspore.train import Model
     if how == "model":
         data = ms.dataset.NumpySlicesDataset({"x": np.stack([b[0] for b in batches]),
@@ -84,21 +114,7 @@ def train_by(how, net, opt, batches, loss_fn=CE):
         Model(net, loss_fn, opt).train(1, data, dataset_sink_mode=False)
     else:
         net.set_train()
-
-        def forward_fn(x, y):
-            return loss_fn(net(x), y)
-
-        grad_fn = ms.value_and_grad(forward_fn, None, opt.parameters)
-
-        def step(x, y):
-            loss, grads = grad_fn(x, y)
-            opt(grads)
-            return loss
-
-        if how == "jit":
-            step = ms.jit(step)
+        step = functional_step(net, opt, loss_fn, jit=how == "jit")
         for x, y in batches:
             step(Tensor(x), Tensor(y))
-    state = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
-    state.update({p.name: p.asnumpy().copy() for p in opt.get_parameters()})
-    return state
+    return training_state(net, opt)

@@ -14,7 +14,7 @@ from mindspore import nn, Tensor
 import mindspore_ngd as ngd
 from mindspore_ngd.capture.discover import READ_DIRECTLY
 from mindspore_ngd.capture.layer_types import SELF_ATTENTION_ONLY
-from training import StepLosses, train_by
+from training import StepLosses, assert_same_state, train_by
 
 B, L, E, HEADS, C = 2, 3, 8, 2, 3
 CE = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
@@ -185,9 +185,7 @@ def _self_attention_state(how):
 
 
 def test_the_functional_loop_trains_a_self_attention_cell_as_model_train():
-    state, expected = _self_attention_state("jit"), _self_attention_state("model")
-    different = [name for name in expected if not np.array_equal(state[name], expected[name])]
-    assert sorted(state) == sorted(expected) and not different, different
+    assert_same_state(_self_attention_state("jit"), _self_attention_state("model"), "Model.train")
 
 
 def test_self_attention_refuses_a_key_or_value_size_of_its_own():

@@ -15,7 +15,7 @@ from mindspore.train import Model
 import mindspore_ngd as ngd
 from benchmarks.data import array_dataset
 from nets import BNNet
-from training import CE, batch
+from training import CE, assert_same_state, batch, functional_step, training_state
 
 STEPS = 4
 # frequency=2 makes THOR refresh twice in four steps (its default, 100, would refresh only once)
@@ -36,19 +36,12 @@ def _fresh(kind):
     return net, OPTIMIZERS[kind](net)
 
 
-def _state(net, opt):
-    """Weights and every optimizer Parameter (moments, factors, inverses, counters) by name."""
-    state = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
-    state.update({p.name: p.asnumpy().copy() for p in opt.get_parameters()})
-    return state
-
-
 def _model_train(kind):
     net, opt = _fresh(kind)
     x = np.concatenate([b[0].asnumpy() for b in _batches()])
     y = np.concatenate([b[1].asnumpy() for b in _batches()])
     Model(net, CE, opt).train(1, array_dataset(x, y, len(y) // STEPS, shuffle=False), dataset_sink_mode=False)
-    return _state(net, opt)
+    return training_state(net, opt)
 
 
 def _train_one_step_cell(kind):
@@ -57,7 +50,7 @@ def _train_one_step_cell(kind):
     step.set_train()
     for x, y in _batches():
         step(x, y)
-    return _state(net, opt)
+    return training_state(net, opt)
 
 
 def _functional(kind, jit, set_train=True):
@@ -80,7 +73,7 @@ def _functional(kind, jit, set_train=True):
     if jit:
         train_step = ms.jit(train_step)
     losses = [float(train_step(x, y).asnumpy()) for x, y in _batches()]
-    return _state(net, opt), losses, opt
+    return training_state(net, opt), losses, opt
 
 
 _REFERENCE = {}
@@ -98,10 +91,7 @@ def _reference(kind):
 def _assert_same_training(kind, state):
     """Every weight and every optimizer Parameter (moments, factors, inverses, counters) bit-identical
     to Model.train's."""
-    expected = _reference(kind)
-    assert sorted(state) == sorted(expected)
-    different = [name for name in expected if not np.array_equal(state[name], expected[name])]
-    assert not different, f"not bit-identical to Model.train: {different}"
+    assert_same_state(state, _reference(kind), "Model.train")
 
 
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
@@ -131,19 +121,7 @@ def test_a_network_in_inference_mode_is_refused_before_any_update(jit, request):
         request.getfixturevalue("pynative")
     net, opt = _fresh("kfac")
     start = {p.name: p.asnumpy().copy() for p in net.trainable_params()}
-
-    def forward_fn(x, y):
-        return CE(net(x), y)
-
-    grad_fn = ms.value_and_grad(forward_fn, None, opt.parameters)
-
-    def train_step(x, y):
-        loss, grads = grad_fn(x, y)
-        opt(grads)
-        return loss
-
-    if jit:
-        train_step = ms.jit(train_step)
+    train_step = functional_step(net, opt, jit=jit)          # no net.set_train(): the mistake under test
     with pytest.raises(RuntimeError, match=r"not in training mode.*net\.set_train\(\)"):
         train_step(*batch(0))
     for p in net.trainable_params():
