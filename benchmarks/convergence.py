@@ -256,6 +256,10 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None):
     cell = nn.TrainOneStepCell(nn.WithLossCell(net, task.loss()), opt)
     cell.set_train()
     rng = np.random.default_rng(seed)
+    # the loss-side stop a user adds (ngd.with_divergence_stops, the zoo's train.py): every run is
+    # watched by it, so the suite shows whether it fires on a healthy run
+    monitor = ngd.DivergenceMonitor(name=optimizer)
+    most_recent = 0
     curve, seconds, compile_s, diverged, stopped = [], 0.0, 0.0, None, None
     note = ""
     for epoch in range(1, epochs + 1):
@@ -263,12 +267,12 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None):
         start = time.perf_counter()
         try:
             if epoch == 1:                           # time the first step (graph compilation) alone
-                cell(*batches[0]).asnumpy()
+                monitor.observe(cell(*batches[0]).asnumpy())
                 first = time.perf_counter() - start
                 rest_start = time.perf_counter()
             for batch in batches[1:] if epoch == 1 else batches:
-                loss = cell(*batch)
-            loss.asnumpy()                           # wait for the last step
+                monitor.observe(cell(*batch))
+                most_recent = max(most_recent, monitor.recent)
         except RuntimeError as error:                # the optimizer's divergence stop ends this run only
             if not ngd.is_divergence(error):
                 raise
@@ -298,7 +302,9 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None):
     counters = opt.state_counters() if hasattr(opt, "state_counters") else None   # refreshes, faults
     return {"optimizer": optimizer, "lr": lr, "damping": damping, "seed": seed, "compile_s": compile_s,
             "steps_per_epoch": len(x_train) // task.batch_size, "diverged_epoch": diverged, "stopped": stopped,
-            "init_checksum": init_checksum, "counters": counters, "curve": curve}
+            "init_checksum": init_checksum, "counters": counters, "curve": curve,
+            "monitor": {"patience": monitor.patience, "window": 2 * monitor.patience, "most_exploded": max(most_recent, monitor.recent),
+                        "longest_run": monitor.longest, "worst_ratio": monitor.worst}}
 
 
 def with_target(task, target):
@@ -483,7 +489,24 @@ def summarize(task, runs):
                 ratios = [s[key] / reference[s["seed"]][key] for s in entry["per_seed"]
                           if s["seed"] in reference and 0 < reference[s["seed"]][key] < math.inf]
                 entry[key + suffix] = _stats(ratios)
-    return {"grid": grid, "best": best, "targets": {str(k): v for k, v in targets.items()}, "anchor": anchor}
+    return {"grid": grid, "best": best, "targets": {str(k): v for k, v in targets.items()}, "anchor": anchor,
+            "monitor": _monitor_summary(runs)}
+
+
+def _monitor_summary(runs):
+    """Per optimizer, over all its runs: how many the loss-side ``DivergenceMonitor`` stopped, and the
+    most exploded losses it saw in one window (a run stops at ``patience`` of them)."""
+    out = {}
+    for run in runs:
+        seen = run.get("monitor")
+        if seen is None:                             # a record from before the monitor watched every run
+            continue
+        entry = out.setdefault(run["optimizer"], {"runs": 0, "stopped": 0, "most_exploded": 0,
+                                                  "patience": seen["patience"], "window": seen["window"]})
+        entry["runs"] += 1
+        entry["stopped"] += bool(run["stopped"]) and "DivergenceMonitor" in run["stopped"]
+        entry["most_exploded"] = max(entry["most_exploded"], seen["most_exploded"])
+    return out
 
 
 ANCHORS = ("momentum", "adam", "momentum-cf", "adam-cf", "adamw")
@@ -563,6 +586,12 @@ def markdown(task, summary, seeds, epochs):
             f"{_range(entry['seconds_to_target_excl_compile'], 1, one)} | {_fmt(ratio_s['median'], 2)} | "
             f"{_fmt(anchor_e['median'], 2)} | {_fmt(anchor_s['median'], 2)} | "
             f"{_fmt(entry['seconds_per_epoch']['median'], 3)} | {_fmt(entry['compile_s']['median'], 1)} |")
+    watched = summary.get("monitor") or {}
+    if watched:
+        lines += ["", "The loss-side `DivergenceMonitor` (growth 1.5, stops at patience exploded losses in a window of "
+                  "2 x patience) watched every run: " + "; ".join(
+                      f"{name} stopped {m['stopped']} of {m['runs']}, at most {m['most_exploded']} of "
+                      f"{m['window']} exploded" for name, m in watched.items()) + "."]
     lines += ["", f"Whole grid ({'chosen' if one else 'median over seeds; chosen'} point in bold):", "",
               f"| optimizer | lr | damping | best {metric} | final train loss | diverged runs |", "|---|---|---|---|---|---|"]
     for row in summary["grid"]:

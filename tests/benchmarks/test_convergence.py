@@ -331,3 +331,23 @@ def test_a_run_that_the_optimizer_stops_is_recorded_and_the_race_goes_on(monkeyp
     assert rows["thor-unclipped", 0.3]["diverged_runs"] == 1 and rows["thor", 0.1]["diverged_runs"] == 0
     table = convergence.markdown(task, summary, 1, 2)
     assert "| thor-unclipped |" in table and "| **thor** |" in table
+
+
+def test_every_run_is_watched_by_the_loss_side_monitor_and_the_table_says_what_it_saw():
+    """The race watches each run with ``ngd.DivergenceMonitor``, as the zoo's train.py and
+    ``with_divergence_stops`` do for users (issue 32: show that it does not fire on healthy runs).
+    Momentum at lr 30 on the digits: the loss is infinite from the second step, so the monitor stops
+    the run at step 12 (patience 10 after the reference), and the race records that stop; at lr 0.1
+    nothing explodes."""
+    task = TASKS["digits-cnn"]
+    arrays = task.load()
+    stopped = convergence.run_one(task, arrays, "momentum", 30.0, None, 0, 2)
+    assert stopped["diverged_epoch"] == 1 and stopped["curve"] == [], stopped
+    assert "DivergenceMonitor" in stopped["stopped"] and "diverged at step 12" in stopped["stopped"]
+    assert stopped["monitor"]["most_exploded"] == 10 and stopped["monitor"]["window"] == 20
+    healthy = convergence.run_one(task, arrays, "momentum", 0.1, None, 0, 1)
+    assert healthy["stopped"] is None and healthy["monitor"]["most_exploded"] == 0
+    summary = convergence.summarize(task, [stopped, healthy])
+    assert summary["monitor"] == {"momentum": {"runs": 2, "stopped": 1, "most_exploded": 10, "patience": 10,
+                                               "window": 20}}
+    assert "momentum stopped 1 of 2, at most 10 of 20 exploded" in convergence.markdown(task, summary, 1, 2)
