@@ -242,8 +242,10 @@ def _param_checksum(net):
     return float(sum(np.abs(p.asnumpy().astype(np.float64)).sum() for p in net.trainable_params()))
 
 
-def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None):
-    """Train ``task``'s network once; return the run record with its per-epoch curve."""
+def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None, monitor=True):
+    """Train ``task``'s network once; return the run record with its per-epoch curve. ``monitor``: watch
+    the losses with ``ngd.DivergenceMonitor`` (its default settings), which stops a run that diverges
+    while staying finite, as it does for users; False counts what it would have seen without stopping."""
     x_train, y_train, x_test, y_test = arrays
     y_train_eval = y_train[:task.eval_train] if task.eval_train else y_train
     x_all = np.concatenate([x_train[:len(y_train_eval)], x_test])
@@ -258,8 +260,16 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None):
     rng = np.random.default_rng(seed)
     # the loss-side stop a user adds (ngd.with_divergence_stops, the zoo's train.py): every run is
     # watched by it, so the suite shows whether it fires on a healthy run
-    monitor = ngd.DivergenceMonitor(name=optimizer)
+    watch = ngd.DivergenceMonitor(name=optimizer)
     most_recent = 0
+
+    def observe(loss):
+        try:
+            watch.observe(loss)
+        except RuntimeError:
+            if monitor:
+                raise
+
     curve, seconds, compile_s, diverged, stopped = [], 0.0, 0.0, None, None
     note = ""
     for epoch in range(1, epochs + 1):
@@ -267,12 +277,12 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None):
         start = time.perf_counter()
         try:
             if epoch == 1:                           # time the first step (graph compilation) alone
-                monitor.observe(cell(*batches[0]).asnumpy())
+                observe(cell(*batches[0]).asnumpy())
                 first = time.perf_counter() - start
                 rest_start = time.perf_counter()
             for batch in batches[1:] if epoch == 1 else batches:
-                monitor.observe(cell(*batch))
-                most_recent = max(most_recent, monitor.recent)
+                observe(cell(*batch))
+                most_recent = max(most_recent, watch.recent)
         except RuntimeError as error:                # the optimizer's divergence stop ends this run only
             if not ngd.is_divergence(error):
                 raise
@@ -303,8 +313,9 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None):
     return {"optimizer": optimizer, "lr": lr, "damping": damping, "seed": seed, "compile_s": compile_s,
             "steps_per_epoch": len(x_train) // task.batch_size, "diverged_epoch": diverged, "stopped": stopped,
             "init_checksum": init_checksum, "counters": counters, "curve": curve,
-            "monitor": {"patience": monitor.patience, "window": 2 * monitor.patience, "most_exploded": max(most_recent, monitor.recent),
-                        "longest_run": monitor.longest, "worst_ratio": monitor.worst}}
+            "monitor": {"stops": monitor, "patience": watch.patience, "window": 2 * watch.patience,
+                        "most_exploded": max(most_recent, watch.recent), "longest_run": watch.longest,
+                        "worst_ratio": watch.worst}}
 
 
 def with_target(task, target):
@@ -320,15 +331,15 @@ def with_target(task, target):
     return dataclasses.replace(task, target=float(target))
 
 
-def _run_in_child(task_name, target, name, lr, damping, seed, epochs, label):
+def _run_in_child(task_name, target, name, lr, damping, seed, epochs, label, monitor=True):
     """Entry point of a fresh (spawned) process: one run, returned to the parent by pickling."""
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
     task = with_target(TASKS[task_name], target)
-    return run_one(task, task.load(), name, lr, damping, seed, epochs, Progress(label, epochs))
+    return run_one(task, task.load(), name, lr, damping, seed, epochs, Progress(label, epochs), monitor)
 
 
-def run_task(task, optimizers, seeds, epochs, grid="full", stream=None, isolate=False):
+def run_task(task, optimizers, seeds, epochs, grid="full", stream=None, isolate=False, monitor=True):
     """Every run of ``task``: optimizers x grid points x seeds; returns the list of run records.
 
     ``grid="tuned"``: the full grid with seed 0 only, then seeds 1..N-1 at each optimizer's chosen
@@ -340,17 +351,17 @@ def run_task(task, optimizers, seeds, epochs, grid="full", stream=None, isolate=
     ``gc.collect()``), so a full suite in one process grows past 13 GB.
     """
     if grid == "tuned":
-        runs = run_task(task, optimizers, 1, epochs, "full", stream, isolate)
+        runs = run_task(task, optimizers, 1, epochs, "full", stream, isolate, monitor)
         chosen = summarize(task, runs)["best"]
         plan = [(name, chosen[name]["lr"], chosen[name]["damping"], seed)
                 for seed in range(1, seeds) for name in optimizers]
-        return runs + _run_plan(task, plan, epochs, stream, isolate)
+        return runs + _run_plan(task, plan, epochs, stream, isolate, monitor)
     plan = [(name, lr, damping, seed) for seed in range(seeds) for name in optimizers
             for lr, damping in grid_points(name, grid, task)]
-    return _run_plan(task, plan, epochs, stream, isolate)
+    return _run_plan(task, plan, epochs, stream, isolate, monitor)
 
 
-def _run_plan(task, plan, epochs, stream, isolate):
+def _run_plan(task, plan, epochs, stream, isolate, monitor=True):
     labels = [f"{task.name} {i}/{len(plan)} {name} lr={lr:g}" + (f" damping={damping:g}" if damping else "")
               + f" seed={seed}" for i, (name, lr, damping, seed) in enumerate(plan, 1)]
     if isolate:
@@ -359,10 +370,11 @@ def _run_plan(task, plan, epochs, stream, isolate):
         runs = []
         for (name, lr, damping, seed), label in zip(plan, labels):
             with context.Pool(1) as pool:
-                runs.append(pool.apply(_run_in_child, (task.name, task.target, name, lr, damping, seed, epochs, label)))
+                runs.append(pool.apply(_run_in_child, (task.name, task.target, name, lr, damping, seed, epochs, label,
+                                                       monitor)))
         return runs
     arrays = task.load()
-    return [run_one(task, arrays, name, lr, damping, seed, epochs, Progress(label, epochs, stream))
+    return [run_one(task, arrays, name, lr, damping, seed, epochs, Progress(label, epochs, stream), monitor)
             for (name, lr, damping, seed), label in zip(plan, labels)]
 
 
@@ -506,6 +518,7 @@ def _monitor_summary(runs):
         entry["runs"] += 1
         entry["stopped"] += bool(run["stopped"]) and "DivergenceMonitor" in run["stopped"]
         entry["most_exploded"] = max(entry["most_exploded"], seen["most_exploded"])
+        entry["watching_only"] = entry.get("watching_only", False) or not seen.get("stops", True)
     return out
 
 
@@ -590,8 +603,9 @@ def markdown(task, summary, seeds, epochs):
     if watched:
         lines += ["", "The loss-side `DivergenceMonitor` (growth 1.5, stops at patience exploded losses in a window of "
                   "2 x patience) watched every run: " + "; ".join(
-                      f"{name} stopped {m['stopped']} of {m['runs']}, at most {m['most_exploded']} of "
-                      f"{m['window']} exploded" for name, m in watched.items()) + "."]
+                      f"{name} {'(watching only) ' if m.get('watching_only') else ''}stopped {m['stopped']} "
+                      f"of {m['runs']}, at most {m['most_exploded']} of {m['window']} exploded"
+                      for name, m in watched.items()) + "."]
     lines += ["", f"Whole grid ({'chosen' if one else 'median over seeds; chosen'} point in bold):", "",
               f"| optimizer | lr | damping | best {metric} | final train loss | diverged runs |", "|---|---|---|---|---|---|"]
     for row in summary["grid"]:
@@ -700,6 +714,9 @@ def parse_args(argv=None):
     parser.add_argument("--isolate", choices=("yes", "no"), default=None,
                         help="run every training run in a fresh process (bounded memory: MindSpore keeps "
                              "compiled graphs for the life of a process); default yes, no with --quick")
+    parser.add_argument("--monitor", choices=("yes", "no"), default="yes",
+                        help="stop a run that ngd.DivergenceMonitor (default settings) sees diverge, as a user's "
+                             "run stops (default yes); no: record what it saw, without stopping")
     parser.add_argument("--from-json", nargs="+", metavar="FILE",
                         help="rebuild the Markdown and PNG of saved convergence_<task>.json files (no training)")
     args = parser.parse_args(argv)
@@ -732,6 +749,7 @@ def parse_args(argv=None):
     if args.grid is None:
         args.grid = "single" if args.quick else "full"
     args.isolate = (args.isolate or ("no" if args.quick else "yes")) == "yes"
+    args.monitor = args.monitor == "yes"
     if not args.no_plots and importlib.util.find_spec("matplotlib") is None:
         parser.error("plots need matplotlib (pip install matplotlib), or pass --no-plots")
     return args
@@ -811,7 +829,8 @@ def main(argv=None):
             continue
         start = time.perf_counter()
         try:
-            runs = run_task(task, args.optimizer_names, args.seeds, epochs, args.grid, isolate=args.isolate)
+            runs = run_task(task, args.optimizer_names, args.seeds, epochs, args.grid, isolate=args.isolate,
+                            monitor=args.monitor)
         except DataUnavailable as err:      # the files went away after the check
             print(f"skipping task {task.name}: {err}", flush=True)
             continue

@@ -349,5 +349,14 @@ def test_every_run_is_watched_by_the_loss_side_monitor_and_the_table_says_what_i
     assert healthy["stopped"] is None and healthy["monitor"]["most_exploded"] == 0
     summary = convergence.summarize(task, [stopped, healthy])
     assert summary["monitor"] == {"momentum": {"runs": 2, "stopped": 1, "most_exploded": 10, "patience": 10,
-                                               "window": 20}}
+                                               "window": 20, "watching_only": False}}
     assert "momentum stopped 1 of 2, at most 10 of 20 exploded" in convergence.markdown(task, summary, 1, 2)
+    # --monitor no: the run ends its 2 epochs silently, at a finite training loss of about 40 and chance
+    # accuracy (measured), and the record says what the monitor saw
+    unwatched = convergence.run_one(task, arrays, "momentum", 30.0, None, 0, 2, monitor=False)
+    assert unwatched["stopped"] is None and unwatched["diverged_epoch"] is None and len(unwatched["curve"]) == 2
+    assert all(row["test_acc"] < 0.2 and row["train_loss"] > 10 for row in unwatched["curve"]), unwatched["curve"]
+    assert unwatched["monitor"]["stops"] is False and unwatched["monitor"]["most_exploded"] == 20
+    assert unwatched["monitor"]["longest_run"] > 20
+    table = convergence.markdown(task, convergence.summarize(task, [unwatched]), 1, 2)
+    assert "momentum (watching only) stopped 0 of 1, at most 20 of 20 exploded" in table
