@@ -27,6 +27,7 @@ from .control import CaptureControl
 from .discover import (CONV_CLASSES, DENSE_CLASSES, LAYER_CLASSES, LayerSpec, NormSpec, find_batchnorms,
                        find_layernorms, find_layers)
 from .layer_types import LAYER_TYPES, LayerType, layer_type_of, register_layer_type
+from . import attention  # noqa: F401  (registers the attention kind, after the kinds of layer_types)
 
 __all__ = ["LayerSpec", "LayerCapture", "NormSpec", "NormCapture", "CaptureControl", "find_layers",
            "find_batchnorms", "find_layernorms", "attach", "detach", "current_capture", "never_captured", "UNSEEN",

@@ -80,7 +80,7 @@ def _unsupported_reason(cell, layer_type, base):
 
 # a layer whose weight its owner reads directly, never calling the layer: the capture would see
 # nothing. The stock nn.MultiheadAttention passes out_proj.weight and .bias to its functional forward;
-# a captured one (layer_types.AttentionType) calls out_proj as a layer instead.
+# a captured one (attention.AttentionType) calls out_proj as a layer instead.
 READ_DIRECTLY = "read directly by nn.MultiheadAttention, which never calls it"
 
 

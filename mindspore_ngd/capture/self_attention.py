@@ -5,7 +5,7 @@ Inside a compiled graph nothing tells whether an attention's query, key and valu
 from a compiled graph never runs), so the capture takes only attentions whose caller is known: the
 ``self_attn`` of a stock transformer layer, and this class. Its call takes one input, so the packed
 input projection has one input, and the optimizers precondition it and its ``out_proj`` as they do
-a stock encoder layer's (:class:`~mindspore_ngd.capture.layer_types.AttentionType`).
+a stock encoder layer's (:class:`~mindspore_ngd.capture.attention.AttentionType`).
 """
 import mindspore as ms
 from mindspore import nn

@@ -13,7 +13,7 @@ from mindspore import nn, Tensor
 
 import mindspore_ngd as ngd
 from mindspore_ngd.capture.discover import READ_DIRECTLY
-from mindspore_ngd.capture.layer_types import SELF_ATTENTION_ONLY
+from mindspore_ngd.capture.attention import SELF_ATTENTION_ONLY
 from training import StepLosses, assert_same_state, train_by
 
 B, L, E, HEADS, C = 2, 3, 8, 2, 3
