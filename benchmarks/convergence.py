@@ -263,9 +263,13 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None, m
     watch = ngd.DivergenceMonitor(name=optimizer)
     most_recent = 0
 
+    losses = []                                      # every step's loss, for reading a stop afterwards
+
     def observe(loss):
+        value = float(loss.asnumpy() if hasattr(loss, "asnumpy") else loss)
+        losses.append(value)
         try:
-            watch.observe(loss)
+            watch.observe(value)
         except RuntimeError:
             if monitor:
                 raise
@@ -315,7 +319,8 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None, m
             "init_checksum": init_checksum, "counters": counters, "curve": curve,
             "monitor": {"stops": monitor, "patience": watch.patience, "window": 2 * watch.patience,
                         "most_exploded": max(most_recent, watch.recent), "longest_run": watch.longest,
-                        "worst_ratio": watch.worst}}
+                        "worst_ratio": watch.worst},
+            "step_losses": losses}
 
 
 def with_target(task, target):

@@ -210,7 +210,7 @@ def test_tuned_grid_runs_the_grid_on_seed_0_and_the_chosen_points_on_the_others(
     task = TASKS["digits-cnn-b512"]
     calls = []
 
-    def fake_run_one(task_, arrays, name, lr, damping, seed, epochs, progress=None):
+    def fake_run_one(task_, arrays, name, lr, damping, seed, epochs, progress=None, monitor=True):
         calls.append((name, lr, damping, seed))
         reach = 0.96 if lr == 0.1 or name == "adam" and lr == 1e-2 else 0.5
         return _run(name, lr, damping, seed, (reach,))
@@ -358,5 +358,8 @@ def test_every_run_is_watched_by_the_loss_side_monitor_and_the_table_says_what_i
     assert all(row["test_acc"] < 0.2 and row["train_loss"] > 10 for row in unwatched["curve"]), unwatched["curve"]
     assert unwatched["monitor"]["stops"] is False and unwatched["monitor"]["most_exploded"] == 20
     assert unwatched["monitor"]["longest_run"] > 20
+    steps = 2 * (len(arrays[1]) // task.batch_size)
+    assert len(unwatched["step_losses"]) == steps and len(stopped["step_losses"]) == 12
+    assert stopped["step_losses"][0] == pytest.approx(2.31, abs=0.01) and not np.isfinite(stopped["step_losses"][-1])
     table = convergence.markdown(task, convergence.summarize(task, [unwatched]), 1, 2)
     assert "momentum (watching only) stopped 0 of 1, at most 20 of 20 exploded" in table
