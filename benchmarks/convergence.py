@@ -15,7 +15,10 @@ For every task (``--task``, see :mod:`benchmarks.tasks`), optimizer, grid point
 * after every epoch the whole training and test sets are evaluated (eval mode, in calls of at most
   ``task.eval_batch`` examples);
 * each run in a fresh process (``--isolate yes``, the default outside ``--quick``), so memory stays
-  bounded: MindSpore keeps every compiled graph for the life of its process.
+  bounded: MindSpore keeps every compiled graph for the life of its process;
+* every step's loss goes to ``ngd.DivergenceMonitor`` at its defaults, which stops a run that diverges
+  while its loss stays finite, as it stops a user's run (``--monitor no``: it only watches). The record
+  keeps each step's loss and what the monitor saw; the report says how often it stopped a run.
 
 The best grid point per optimizer is the one with the best median (over seeds) of its best test
 metric (ties: the better median of the metric averaged over epochs). The target is Momentum's
@@ -262,7 +265,6 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None, m
     # watched by it, so the suite shows whether it fires on a healthy run
     watch = ngd.DivergenceMonitor(name=optimizer)
     most_recent = 0
-
     losses = []                                      # every step's loss, for reading a stop afterwards
 
     def observe(loss):
@@ -281,7 +283,7 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None, m
         start = time.perf_counter()
         try:
             if epoch == 1:                           # time the first step (graph compilation) alone
-                observe(cell(*batches[0]).asnumpy())
+                observe(cell(*batches[0]))
                 first = time.perf_counter() - start
                 rest_start = time.perf_counter()
             for batch in batches[1:] if epoch == 1 else batches:
