@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 
 import mindspore as ms  # noqa: E402
 from mindspore import nn, Tensor  # noqa: E402
-from mindspore.train import Model  # noqa: E402
+from mindspore.train import Callback, Model  # noqa: E402
 
 from . import save_results  # noqa: E402
 
@@ -35,8 +35,24 @@ def _build(kind, net, lr, damping, extra):
     return cls(net, learning_rate=lr, damping=damping, verbose=False, **extra)
 
 
+class _LossLog(Callback):
+    """Keeps every step's loss (the first item of a loss-scale cell's output tuple), for reading a
+    run, or a candidate stopping rule, afterwards."""
+
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+
+    def on_train_step_end(self, run_context):
+        outputs = run_context.original_args().net_outputs
+        if isinstance(outputs, (tuple, list)):
+            outputs = outputs[0]
+        self.losses.append(float(np.asarray(outputs.asnumpy(), np.float64).mean()))
+
+
 def run_one(kind, damping, lr, epochs, batch_size=64, seed=0, extra=None, monitor=False):
-    """One run; returns a dict with the outcome ("trained" or "diverged"), accuracy and counters."""
+    """One run; returns a dict with the outcome ("trained" or "diverged"), accuracy, counters and
+    every step's loss."""
     import mindspore_ngd as ngd
     from .data import array_dataset, digits_arrays
     from .models import DigitsCNN
@@ -47,8 +63,9 @@ def run_one(kind, damping, lr, epochs, batch_size=64, seed=0, extra=None, monito
     model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), opt)
     start = time.perf_counter()
     outcome, reason = "trained", ""
+    log = _LossLog()
     try:
-        callbacks = [ngd.DivergenceMonitor(name=type(opt).__name__)] if monitor else None
+        callbacks = [log] + ([ngd.DivergenceMonitor(name=type(opt).__name__)] if monitor else [])
         model.train(epochs, array_dataset(x_train, y_train, batch_size, seed=seed), callbacks=callbacks,
                     dataset_sink_mode=False)
     except RuntimeError as error:
@@ -61,7 +78,8 @@ def run_one(kind, damping, lr, epochs, batch_size=64, seed=0, extra=None, monito
     counters = opt.state_counters()
     return {"optimizer": kind, "damping": damping, "lr": lr, "outcome": outcome, "test_acc": acc,
             "skipped_steps": counters["skipped_steps"], "damping_end": counters["damping_boost"] * damping,
-            "steps": counters["step"], "seconds": seconds, "reason": reason}
+            "steps": counters["step"], "seconds": seconds, "reason": reason,
+            "step_losses": log.losses}
 
 
 def main(argv=None):
