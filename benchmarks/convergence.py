@@ -17,8 +17,9 @@ For every task (``--task``, see :mod:`benchmarks.tasks`), optimizer, grid point
 * each run in a fresh process (``--isolate yes``, the default outside ``--quick``), so memory stays
   bounded: MindSpore keeps every compiled graph for the life of its process;
 * every step's loss goes to ``ngd.DivergenceMonitor`` at its defaults, which stops a run that diverges
-  while its loss stays finite, as it stops a user's run (``--monitor no``: it only watches). The record
-  keeps each step's loss and what the monitor saw; the report says how often it stopped a run.
+  while its loss stays finite, as it stops a user's run, including its end-of-run check (``--monitor
+  no``: it only watches). The record keeps each step's loss and what the monitor saw; the report says
+  how often it stopped a run.
 
 The best grid point per optimizer is the one with the best median (over seeds) of its best test
 metric (ties: the better median of the metric averaged over epochs). The target is Momentum's
@@ -313,6 +314,15 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None, m
             break
         if task.target is not None and metrics[task.metric] >= task.target:
             break                                    # a race to a fixed target ends at the target
+    ended_exploding = False
+    if stopped is None and diverged is None:
+        try:                                         # the monitor's end-of-run check, as Model.train calls it
+            watch.finish()
+        except RuntimeError as error:
+            ended_exploding = True
+            if monitor:
+                diverged, stopped = len(curve), str(error).splitlines()[0]
+                note = "stopped: " + stopped
     if progress:
         progress.close(len(curve), note + (f"  diverged at epoch {diverged}" if diverged else ""))
     counters = opt.state_counters() if hasattr(opt, "state_counters") else None   # refreshes, faults
@@ -321,7 +331,7 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None, m
             "init_checksum": init_checksum, "counters": counters, "curve": curve,
             "monitor": {"stops": monitor, "patience": watch.patience, "window": 2 * watch.patience,
                         "most_exploded": max(most_recent, watch.recent), "longest_run": watch.longest,
-                        "worst_ratio": watch.worst},
+                        "worst_ratio": watch.worst, "ended_exploding": ended_exploding},
             "step_losses": losses}
 
 

@@ -336,30 +336,34 @@ def test_a_run_that_the_optimizer_stops_is_recorded_and_the_race_goes_on(monkeyp
 def test_every_run_is_watched_by_the_loss_side_monitor_and_the_table_says_what_it_saw():
     """The race watches each run with ``ngd.DivergenceMonitor``, as the zoo's train.py and
     ``with_divergence_stops`` do for users (issue 32: show that it does not fire on healthy runs).
-    Momentum at lr 30 on the digits: the loss is infinite from the second step, so the monitor stops
-    the run at step 12 (patience 10 after the reference), and the race records that stop; at lr 0.1
-    nothing explodes."""
+    Momentum at lr 30 on the digits: the loss is infinite from the third step, so the monitor stops
+    the run at step 42 (patience 40 after the reference), and the race records that stop; at lr 0.1
+    nothing explodes. A run too short for the check during the run is named by the end check."""
     task = TASKS["digits-cnn"]
     arrays = task.load()
     stopped = convergence.run_one(task, arrays, "momentum", 30.0, None, 0, 2)
-    assert stopped["diverged_epoch"] == 1 and stopped["curve"] == [], stopped
-    assert "DivergenceMonitor" in stopped["stopped"] and "diverged at step 12" in stopped["stopped"]
-    assert stopped["monitor"]["most_exploded"] == 10 and stopped["monitor"]["window"] == 20
+    assert stopped["diverged_epoch"] == 2 and len(stopped["curve"]) == 1, stopped
+    assert "DivergenceMonitor" in stopped["stopped"] and "diverged at step 42" in stopped["stopped"]
+    assert stopped["monitor"]["most_exploded"] == 40 and stopped["monitor"]["window"] == 80
     healthy = convergence.run_one(task, arrays, "momentum", 0.1, None, 0, 1)
     assert healthy["stopped"] is None and healthy["monitor"]["most_exploded"] == 0
+    assert healthy["monitor"]["ended_exploding"] is False
     summary = convergence.summarize(task, [stopped, healthy])
-    assert summary["monitor"] == {"momentum": {"runs": 2, "stopped": 1, "most_exploded": 10, "patience": 10,
-                                               "window": 20, "watching_only": False}}
-    assert "momentum stopped 1 of 2, at most 10 of 20 exploded" in convergence.markdown(task, summary, 1, 2)
+    assert summary["monitor"] == {"momentum": {"runs": 2, "stopped": 1, "most_exploded": 40, "patience": 40,
+                                               "window": 80, "watching_only": False}}
+    assert "momentum stopped 1 of 2, at most 40 of 80 exploded" in convergence.markdown(task, summary, 1, 2)
+    ended = convergence.run_one(task, arrays, "momentum", 30.0, None, 0, 1)     # 22 steps, 20 exploded
+    assert ended["diverged_epoch"] == 1 and len(ended["curve"]) == 1, ended
+    assert "when the run ended" in ended["stopped"] and ended["monitor"]["ended_exploding"] is True
     # --monitor no: the run ends its 2 epochs silently, at a finite training loss of about 40 and chance
     # accuracy (measured), and the record says what the monitor saw
     unwatched = convergence.run_one(task, arrays, "momentum", 30.0, None, 0, 2, monitor=False)
     assert unwatched["stopped"] is None and unwatched["diverged_epoch"] is None and len(unwatched["curve"]) == 2
     assert all(row["test_acc"] < 0.2 and row["train_loss"] > 10 for row in unwatched["curve"]), unwatched["curve"]
-    assert unwatched["monitor"]["stops"] is False and unwatched["monitor"]["most_exploded"] == 20
-    assert unwatched["monitor"]["longest_run"] > 20
+    assert unwatched["monitor"]["stops"] is False and unwatched["monitor"]["most_exploded"] == 42
+    assert unwatched["monitor"]["longest_run"] > 40 and unwatched["monitor"]["ended_exploding"] is True
     steps = 2 * (len(arrays[1]) // task.batch_size)
-    assert len(unwatched["step_losses"]) == steps and len(stopped["step_losses"]) == 12
+    assert len(unwatched["step_losses"]) == steps and len(stopped["step_losses"]) == 42
     assert stopped["step_losses"][0] == pytest.approx(2.31, abs=0.01) and not np.isfinite(stopped["step_losses"][-1])
     table = convergence.markdown(task, convergence.summarize(task, [unwatched]), 1, 2)
-    assert "momentum (watching only) stopped 0 of 1, at most 20 of 20 exploded" in table
+    assert "momentum (watching only) stopped 0 of 1, at most 42 of 80 exploded" in table

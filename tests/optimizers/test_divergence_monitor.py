@@ -51,20 +51,78 @@ def test_a_healthy_step_ends_a_run_but_not_the_count_over_the_last_two_patiences
                                       "not finite on 3 of the last 6 steps (now inf)"), str(info.value)
 
 
+# THOR at damping 1e-4, lr 0.1 on the digits CNN in Model.train, every step of its 3 epochs
+# (python -m benchmarks.damping_sweep, 2026-11-29): from step 29 the loss was infinite or above 1.5x the
+# first on 25 of 38 steps, never more than 5 in a row, and the run ended at 0.87 test accuracy
+THOR_DAMPING_1E4 = [
+    2.304, 2.253, 2.053, 1.559, 0.7795, 0.6752, 0.3787, 0.3794, 0.5584, 1.357, 0.6873, 1.832, 1.704, 0.8353, 0.4055,
+    1.434, 0.6783, 0.9639, 0.2202, 0.7987, 2.567, 0.891, 0.4084, 1.904, 1.532, 1.804, 0.8536, 1.819, 4.483, 0.9083,
+    2.653, 2.721, 2.022, inf, 4.993, 7.671, 3.318, inf, 2.202, 3.014, inf, inf, inf, inf, 2.047, inf, 1.744, 4.738,
+    inf, 2.643, inf, inf, 3.322, 3.976, 3.868, 1.82, inf, inf, inf, inf, inf, 2.757, 5.488, inf, inf, 4.431]
+
+# K-FAC with factors every 10 steps and inverses every 100 (KAISA's rates), Fashion-MNIST 2c2d, batch 128,
+# lr 0.1, damping 0.01, seed 1: its first 80 steps (python -m benchmarks.convergence, watching only,
+# 2026-11-29). After the first inverses the loss exploded on 29 of 40 steps, 8 of them infinite; it then
+# fell below 0.85 for the rest of the epoch, and the run reached 0.909 test accuracy in its fourth epoch
+KFAC_STALE_INVERSES = [
+    2.3, 2.26, 2.17, 1.94, 1.41, 1.02, 1.7, 2.65, 2.59, 4.48, 5.41, 5, inf, 5.68, 5.45, 4.87, 3.18, 4.47, inf, 5.31,
+    inf, 3.67, 3.4, inf, 4.95, 4.04, 4.52, 5.08, 2.48, 4.16, 4.31, 4.06, 3.51, 3.33, inf, 4.31, 3.36, 3.3, inf, 3.3,
+    3.01, 4.07, 4.3, 2.62, 2.2, inf, inf, 3.17, 3.59, 2.63, 2.24, 2.5, 2.74, 2.56, 2.85, 1.96, 1.98, 1.42, 1.73, 2.25,
+    1.84, 1.88, 2.23, 1.06, 1.56, 1.36, 1.21, 1.35, 0.731, 1.24, 1.22, 0.99, 1.02, 1.04, 1.42, 0.916, 0.701, 1, 0.537,
+    0.635]
+
+
 def test_an_exploded_loss_on_most_steps_stops_though_never_patience_in_a_row():
-    """THOR at damping 1e-4, lr 0.1 on the digits CNN in Model.train (its losses, 2026-11-29): after step
-    33 the loss was infinite or above 1.5x the first on 25 of 33 steps, never more than 5 in a row, and the
-    run ended at 0.87 test accuracy with no error under the consecutive rule."""
-    losses = [2.304, 2.253, 2.053, 1.559, 0.7795, 0.6752, 0.3787, 0.3794, 0.5584, 1.357, 0.6873, 1.832, 1.704,
-              0.8353, 0.4055, 1.434, 0.6783, 0.9639, 0.2202, 0.7987, 2.567, 0.891, 0.4084, 1.904, 1.532, 1.804,
-              0.8536, 1.819, 4.483, 0.9083, 2.653, 2.721, 2.022, inf, 4.993, 7.671, 3.318, inf, 2.202, 3.014, inf,
-              inf, inf, inf, 2.047, inf, 1.744, 4.738, inf, 2.643, inf, inf, 3.322, 3.976, 3.868, 1.82]
-    monitor = ngd.DivergenceMonitor(name="THOR")
+    """The window, not only a run: with patience 10 the THOR run above stops at step 46 (4 in a row at
+    most); counting consecutive steps it ended without a word."""
+    monitor = ngd.DivergenceMonitor(patience=10, name="THOR")
     with pytest.raises(RuntimeError) as info:
-        _feed(monitor, losses)
+        _feed(monitor, THOR_DAMPING_1E4)
     assert monitor.steps == 46 and monitor.longest == 4
     assert "THOR diverged at step 46: the loss was above 1.5x the first step's 2.304 or not finite on 10 of the " \
            "last 20 steps (now inf)" in str(info.value)
+
+
+def test_a_run_that_ends_in_a_blow_up_is_stopped_at_its_end():
+    """At the defaults (patience 40) the THOR run above is too short for the check during the run; the
+    end-of-run check (at least half of the last 40 steps exploded) names it when it ends."""
+    monitor = ngd.DivergenceMonitor(name="THOR")
+    _feed(monitor, THOR_DAMPING_1E4)
+    assert monitor.recent == 25
+    with pytest.raises(RuntimeError) as info:
+        monitor.finish()
+    assert ngd.is_divergence(info.value)
+    assert str(info.value).startswith("THOR diverged at step 66: the loss was above 1.5x the first step's 2.304 or "
+                                      "not finite on 25 of its last 40 steps, when the run ended (now 4.431)")
+
+
+def test_a_recovering_transient_is_not_stopped_at_the_defaults():
+    """K-FAC's rise after its first inverses recovers: the defaults let it (at most 29 exploded steps among
+    any 80), where a patience of 10 stopped it at step 20. Ending in the calm is not a failure either."""
+    monitor = ngd.DivergenceMonitor(name="KFAC")
+    _feed(monitor, KFAC_STALE_INVERSES)
+    monitor.finish()
+    assert monitor.recent == 29 and monitor.longest == 7
+    quick = ngd.DivergenceMonitor(patience=10)
+    with pytest.raises(RuntimeError, match="diverged at step 20: .* on 10 of the last 19 steps"):
+        _feed(quick, KFAC_STALE_INVERSES)
+
+
+def test_the_end_check_needs_half_of_the_last_patience_steps_and_five():
+    """A short spike at the end, or fewer than 5 exploded steps, is not enough for the end-of-run
+    check; a short run that ends blown up is named."""
+    short = ngd.DivergenceMonitor(patience=8)
+    _feed(short, [2.0, 5.0, 5.0, 5.0, 5.0])
+    short.finish()                                   # 4 exploded: fewer than 5
+    short.observe(5.0)
+    with pytest.raises(RuntimeError, match="on 5 of its last 5 steps, when the run ended"):
+        short.finish()
+    spike = ngd.DivergenceMonitor(patience=8)
+    _feed(spike, [2.0] + [1.0] * 12 + [5.0] * 4)
+    spike.finish()                                   # 4 of the last 8
+    spike.observe(5.0)
+    with pytest.raises(RuntimeError, match="on 5 of its last 8 steps, when the run ended"):
+        spike.finish()
 
 
 def test_a_run_of_infinite_losses_with_finite_gradients_stops():
@@ -136,10 +194,10 @@ def test_an_infinite_loss_with_finite_gradients_is_stopped_in_model_train():
     """THOR (default clip) at damping 1e-4, lr 0.01 on the digits CNN: the loss falls to 0.2, then is inf
     from step 49 while every gradient stays finite, so the optimizer's own rule never fires and the run
     ended at 0.52 test accuracy without a word. With the monitor, as the models repository's flow and the
-    zoo's train.py add it, it stops with the reason (measured: step 60 when the monitor counted consecutive
-    steps only; step 42 counting 10 of the last 20, 2026-11-29)."""
+    zoo's train.py add it, it is stopped with the reason: at its defaults by the end-of-run check that
+    Model.train calls (30 of the last 40 steps exploded, 2026-11-29; with patience 10, at step 42)."""
     from benchmarks.damping_sweep import run_one
     row = run_one("thor", 1e-4, 0.01, 3, monitor=True)
     assert row["outcome"] == "diverged", row
-    assert row["skipped_steps"] == 0 and row["steps"] < 66, row         # finite gradients throughout
-    assert "or not finite on 10 of the last 20 steps" in row["reason"], row["reason"]
+    assert row["skipped_steps"] == 0 and row["steps"] == 66, row        # finite gradients throughout
+    assert "or not finite on 30 of its last 40 steps, when the run ended" in row["reason"], row["reason"]
