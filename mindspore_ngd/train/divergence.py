@@ -47,9 +47,9 @@ class DivergenceMonitor(Callback):
 
     - **during the run**, ``patience`` exploded steps among the last ``2 * patience`` (so also
       ``patience`` in a row);
-    - **at its end** (:meth:`finish`; ``Model.train`` calls it when training ends), at least half of
-      the last ``patience`` steps exploded, and at least 5 of them: a run does not end silently in
-      the middle of a blow-up that the first check had no time to judge.
+    - **at its end** (:meth:`finish`; ``Model.train`` calls it when training ends), when the run ends
+      in a stretch of at most ``patience`` steps of which at least half exploded, and at least 5: a
+      run does not end silently in the middle of a blow-up that the first check had no time to judge.
 
     Why a window and a default of 40 (measured 2026-11-29, docs/algorithms.md "The loss-side stop"):
     a healthy run can explode for a while and recover. K-FAC with factors every 10 steps and
@@ -73,7 +73,7 @@ class DivergenceMonitor(Callback):
         growth (float): how many times the first loss a loss must exceed to count (> 1; default 1.5:
             a classifier that starts at the chance loss and stays at 1.5x it is not training).
         patience (int): exploded steps among the last ``2 * patience`` before the stop; the end
-            check reads the last ``patience`` steps (>= 1; default 40).
+            check reads at most the last ``patience`` steps (>= 1; default 40).
         name (str): the name in the message, for example ``type(optimizer).__name__``.
 
     Attributes:
@@ -131,13 +131,17 @@ class DivergenceMonitor(Callback):
             self._stop("" if in_a_row else f"on {self.recent} of the last {len(self._window)} steps", in_a_row)
 
     def finish(self):
-        """The end-of-run check: raise the divergence error when at least half of the last
-        ``patience`` steps since the reference exploded, and at least 5 of them (``patience`` if
-        smaller)."""
+        """The end-of-run check: raise the divergence error when the run ends in a stretch of at most
+        ``patience`` steps (since the reference) of which at least half exploded, and at least 5
+        (``patience`` if smaller). The longest such stretch is named."""
         tail = list(self._window)[-self.patience:]
-        exploded = sum(tail)
-        if tail and exploded >= max(len(tail) / 2, min(5, self.patience)):
-            self._stop(f"on {exploded} of its last {len(tail)} steps, when the run ended", False)
+        exploded, found = 0, None
+        for length, bad in enumerate(reversed(tail), 1):
+            exploded += bad
+            if exploded >= max(length / 2, min(5, self.patience)):
+                found = (exploded, length)
+        if found:
+            self._stop(f"on {found[0]} of its last {found[1]} steps, when the run ended", False)
 
     def _stop(self, how_often, in_a_row):
         if in_a_row:

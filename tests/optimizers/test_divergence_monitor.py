@@ -1,7 +1,7 @@
 """The loss-side divergence stop (mindspore_ngd.DivergenceMonitor, issue 32): a loss that explodes and
 stays finite stops the run with the optimizers' kind of error; healthy losses never do."""
 import os
-from math import inf
+from math import inf, nan
 from types import SimpleNamespace
 
 import numpy as np
@@ -94,6 +94,28 @@ def test_a_run_that_ends_in_a_blow_up_is_stopped_at_its_end():
     assert ngd.is_divergence(info.value)
     assert str(info.value).startswith("THOR diverged at step 66: the loss was above 1.5x the first step's 2.304 or "
                                       "not finite on 25 of its last 40 steps, when the run ended (now 4.431)")
+
+
+# nn.thor's unclipped step (kl_clip=None) at damping 1e-2, lr 0.01 on the digits CNN, every step
+# (python -m benchmarks.damping_sweep --optimizers thor --set kl_clip=None --monitor, 2026-11-29): it
+# trains to a loss of 0.05 at step 42, then blows up; the last 10 losses are not finite, two gradients
+# are, so the optimizer's own rule does not fire, and the run ends at 0.078 test accuracy
+THOR_UNCLIPPED_LATE = [
+    2.304, 2.311, 2.279, 2.287, 2.26, 2.248, 2.229, 2.205, 2.148, 2.063, 1.904, 1.787, 1.479, 1.261, 0.872, 0.615,
+    0.42, 0.737, 0.579, 0.387, 0.578, 0.389, 0.78, 0.478, 0.633, 0.695, 0.505, 0.907, 0.926, 0.672, 1.352, 0.72, 0.859,
+    0.58, 0.312, 0.577, 0.763, 1.247, 0.575, 0.393, 0.441, 0.045, 0.532, 0.411, 0.936, 0.545, 1.583, 0.322, 1.336,
+    0.831, 3.311, 3.692, 3.692, 1.819, 10.119, 5.31, inf, inf, inf, inf, inf, inf, inf, inf, nan, nan]
+
+
+def test_a_run_that_ends_in_a_short_blow_up_is_named_by_its_longest_bad_stretch():
+    """The blow-up above fills 14 of the last 28 steps, not half of the last 40: the end check looks at
+    every stretch up to patience steps and names the longest that is at least half exploded."""
+    monitor = ngd.DivergenceMonitor(name="THOR")
+    _feed(monitor, THOR_UNCLIPPED_LATE)
+    with pytest.raises(RuntimeError) as info:
+        monitor.finish()
+    assert "THOR diverged at step 66: the loss was above 1.5x the first step's 2.304 or not finite on 14 of its " \
+           "last 28 steps, when the run ended (now nan)" in str(info.value), str(info.value)
 
 
 def test_a_recovering_transient_is_not_stopped_at_the_defaults():
