@@ -57,7 +57,7 @@ __all__ = ["kept_rows", "kept_examples", "output_sum", "dense_input_factor", "de
            "conv_input_factor", "conv_output_factor", "conv_patches", "conv_positions", "same_padding", "dense_input_trace",
            "conv_input_trace", "output_trace", "dense_reduce_input_factor", "dense_reduce_output_factor",
            "dense_reduce_input_trace", "dense_reduce_output_trace", "embedding_input_factor", "embedding_input_trace",
-           "unit_probe", "normalized_input", "unit_probe_last",
+           "unit_probe", "spread", "normalized_input", "unit_probe_last",
            "layer_normalized_input", "unit_fisher", "unit_natural_gradient"]
 
 
@@ -336,12 +336,29 @@ def unit_probe(gamma, batch, ndim):
         (1, 1, channels) + tail)
 
 
+def spread(small, shape):
+    """``small`` broadcast to ``shape`` as a tensor of its own, for an elementwise op with a tensor of
+    that shape.
+
+    MindSpore 2.10's CPU Add, Sub, Mul and RealDiv (``arithmetic_cpu_kernel``) keep, for each
+    operation in a compiled graph whose operands are broadcast (neither the same shape nor one a
+    scalar), two ``size_t`` indices per output element, built at its first launch and held for as
+    long as the graph lives: 16 bytes per element, four times a float32 output. On activations,
+    once per operation in the forward and backward pass, that is what made SP-NGD's unit-wise
+    BatchNorm capture grow with the batch and the image (issue 33). With both operands of one shape
+    the kernel runs its own elementwise loop and keeps nothing; ``BroadcastTo``'s output is pool
+    memory, freed when used, and its gradient is the same ``ReduceSum`` over the broadcast axes that
+    the broadcasting op's gradient takes. The values, and their gradients, are the same."""
+    return ops.broadcast_to(small, shape)
+
+
 def normalized_input(x, eps):
-    """``xhat`` of a training-mode BatchNorm: batch mean and biased variance over all axes but 1."""
+    """``xhat`` of a training-mode BatchNorm: batch mean and biased variance over all axes but 1
+    (every per-channel value spread to the input's shape first, :func:`spread`)."""
     x = ops.cast(x, ms.float32)
     axes = (0,) + tuple(range(2, x.ndim))
-    centred = x - x.mean(axes, keep_dims=True)
-    return centred * ops.rsqrt((centred * centred).mean(axes, keep_dims=True) + eps)
+    centred = x - spread(x.mean(axes, keep_dims=True), x.shape)
+    return centred * spread(ops.rsqrt((centred * centred).mean(axes, keep_dims=True) + eps), x.shape)
 
 
 def unit_probe_last(gamma, batch, ndim):
@@ -356,10 +373,10 @@ def unit_probe_last(gamma, batch, ndim):
 
 def layer_normalized_input(x, eps):
     """``xhat`` of a LayerNorm over the last axis: each position's mean and biased variance over its
-    features (as ``ops.LayerNorm`` with ``begin_norm_axis=-1``)."""
+    features (as ``ops.LayerNorm`` with ``begin_norm_axis=-1``; spread as :func:`normalized_input`)."""
     x = ops.cast(x, ms.float32)
-    centred = x - x.mean(-1, keep_dims=True)
-    return centred * ops.rsqrt((centred * centred).mean(-1, keep_dims=True) + eps)
+    centred = x - spread(x.mean(-1, keep_dims=True), x.shape)
+    return centred * spread(ops.rsqrt((centred * centred).mean(-1, keep_dims=True) + eps), x.shape)
 
 
 def unit_fisher(probe_grad, g_scale):
