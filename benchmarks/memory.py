@@ -3,6 +3,7 @@
     python -m benchmarks.memory [--model resnet50] [--image 32] [--batch 32]
                                 [--optimizers momentum,kfac,spngd,thor] [--out results/]
     python -m benchmarks.memory --model mlp --layers 4 --width 1024
+    python -m benchmarks.memory --model convbn --layers 4 --width 32 --image 64 --batch 8
 
 Each optimizer trains in a process of its own (a process's peak resident set, ``ru_maxrss``, only
 grows), on the same synthetic batch, through ``nn.TrainOneStepCell``. The first step of every
@@ -22,7 +23,10 @@ would hold. Their sum above Momentum's is given in factor sizes as well.
 ``--model resnet50`` is the model zoo's ResNet-50 v1.5 (10 classes), ``--model resnet32`` the zoo's CIFAR
 ResNet-32 (its CIFAR recipes' network: activations, not factors, dominate there); ``--model mlp`` a stack of
 ``--layers`` Dense layers of ``--width`` units, the size the test suite's memory guard uses
-(``tests/benchmarks/test_memory.py``). Results are printed as a Markdown table and saved as JSON.
+(``tests/benchmarks/test_memory.py``); ``--model convbn`` a stack of ``--layers`` conv3x3-BatchNorm-ReLU
+blocks of ``--width`` channels at ``--image`` x ``--image`` (stride 1), whose memory is the activations':
+the guard of the capture's activation-sized work. Results are printed as a Markdown table and saved as
+JSON.
 """
 import argparse
 import ctypes
@@ -86,6 +90,10 @@ def _network(args):
         if args.model == "resnet32":      # the zoo's CIFAR recipes' network
             return build_network("resnet_cifar", 10, {"blocks_per_stage": 5, "width": 16}), (3, args.image, args.image)
         return build_network("resnet50", 10), (3, args.image, args.image)
+    if args.model == "convbn":        # activations, not factors: the guard of the BatchNorm capture
+        from .models import ConvBNNet
+        return (ConvBNNet(widths=(3,) + (args.width,) * args.layers, strides=(1,) * args.layers),
+                (3, args.image, args.image))
     cells = []
     for _ in range(args.layers):
         cells += [nn.Dense(args.width, args.width), nn.ReLU()]
@@ -183,11 +191,11 @@ def table(results):
 def parse(argv=None):
     """The command line's arguments (the defaults with ``argv=[]``)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=("resnet50", "resnet32", "mlp"), default="resnet50")
-    parser.add_argument("--image", type=int, default=32, help="ResNet-50 input size")
+    parser.add_argument("--model", choices=("resnet50", "resnet32", "mlp", "convbn"), default="resnet50")
+    parser.add_argument("--image", type=int, default=32, help="input size (resnet50, resnet32, convbn)")
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--layers", type=int, default=4, help="mlp: Dense layers")
-    parser.add_argument("--width", type=int, default=1024, help="mlp: units per layer")
+    parser.add_argument("--layers", type=int, default=4, help="mlp: Dense layers; convbn: conv-BatchNorm blocks")
+    parser.add_argument("--width", type=int, default=1024, help="mlp: units per layer; convbn: channels")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))
     parser.add_argument("--out", default=None, help="directory for the JSON results")

@@ -1,5 +1,6 @@
-"""The memory guard of issue 33: a natural-gradient step's resident memory may grow with the number of
-preconditioned layers only about as fast as the layers' Kronecker factors do.
+"""The memory guards of issue 33: a natural-gradient step's resident memory may grow with the number of
+preconditioned layers only about as fast as the layers' Kronecker factors do, and with the batch only
+about as fast as the activations do.
 
 The step's graph once held about six factor-sized buffers per guarded choice (``ops.where`` with a 0-d
 condition), four per broadcast product and two per Transpose kernel, for the life of the process: a
@@ -42,3 +43,31 @@ def test_step_memory_grows_with_the_layers_no_faster_than_a_few_times_their_fact
         f"the K-FAC step's peak resident memory grew by {growth:.0f} MB for {added_factors:.0f} MB of added "
         f"factors ({ratio:.1f} MB per MB; bound {GROWTH_BOUND}): a kernel that keeps factor-sized buffers? "
         f"(see mindspore_ngd/_graph.py)")
+
+
+# the bound for the BatchNorm capture: MB of peak growth per MB of added BatchNorm activations (float32),
+# Momentum's own growth taken off. Measured 2026-11-29 (4 conv-BatchNorm blocks of 32 channels at 64x64,
+# batch 4 -> 16): 27.1 while the capture's broadcasting Add/Sub/Mul kept 16 bytes per element each
+# (factors.spread), 6.2 since
+ACTIVATION_BOUND = 12.0
+
+
+def test_the_batchnorm_capture_grows_with_the_batch_about_as_its_activations_do():
+    """SP-NGD's unit-wise BatchNorm capture works on activation-sized tensors; its step may need a few
+    copies of them, but no kernel may keep per-element memory for the life of the graph (issue 33: the
+    zoo's SP-NGD recipe was killed at 224x224 because six broadcasting operations per BatchNorm layer
+    kept 96 bytes per activation element)."""
+    def peak(optimizer, batch):
+        args = memory.parse(["--model", "convbn", "--layers", "4", "--width", "32", "--image", "64",
+                             "--batch", str(batch), "--steps", "2"])
+        result = memory.measure(args, optimizer)
+        assert "error" not in result, result
+        return result["peak_mb"]
+
+    added = 4 * (16 - 4) * 32 * 64 * 64 * 4 / 2 ** 20          # BatchNorm outputs, float32 MB
+    growth = (peak("spngd", 16) - peak("spngd", 4)) - (peak("momentum", 16) - peak("momentum", 4))
+    ratio = growth / added
+    assert ratio <= ACTIVATION_BOUND, (
+        f"SP-NGD's peak resident memory grew by {growth:.0f} MB for {added:.0f} MB of added BatchNorm "
+        f"activations ({ratio:.1f} MB per MB; bound {ACTIVATION_BOUND}): a broadcasting kernel that keeps "
+        f"per-element indices? (see mindspore_ngd.curvature.factors.spread)")
