@@ -96,7 +96,7 @@ class DivergenceMonitor(Callback):
         self.longest = 0
         self.worst = 0.0
         self.steps = 0
-        self.last = None
+        self._last = None                                   # the last loss, for the message
         self._window = deque(maxlen=2 * self.patience)     # exploded or not, the last 2 * patience steps
 
     @property
@@ -112,7 +112,7 @@ class DivergenceMonitor(Callback):
         value = _loss_value(loss)
         if value is None:
             return
-        self.last = value
+        self._last = value
         finite = math.isfinite(value)
         if finite and self.reference is None:
             self.reference = value
@@ -127,8 +127,9 @@ class DivergenceMonitor(Callback):
         self._window.append(exploded)
         self.longest = max(self.longest, self.run)
         if self.recent >= self.patience:
-            in_a_row = self.run >= self.patience
-            self._stop("" if in_a_row else f"on {self.recent} of the last {len(self._window)} steps", in_a_row)
+            if self.run >= self.patience:
+                self._stop(f"for {self.run} consecutive steps", in_a_row=True)
+            self._stop(f"on {self.recent} of the last {len(self._window)} steps")
 
     def finish(self):
         """The end-of-run check: raise the divergence error when the run ends in a stretch of at most
@@ -141,12 +142,11 @@ class DivergenceMonitor(Callback):
             if exploded >= max(length / 2, min(5, self.patience)):
                 found = (exploded, length)
         if found:
-            self._stop(f"on {found[0]} of its last {found[1]} steps, when the run ended", False)
+            self._stop(f"on {found[0]} of its last {found[1]} steps, when the run ended")
 
-    def _stop(self, how_often, in_a_row):
-        if in_a_row:
-            how_often = f"for {self.run} consecutive steps"
-        value = self.last
+    def _stop(self, how_often, in_a_row=False):
+        """Raise the divergence error; ``how_often`` says on which steps the loss exploded."""
+        value = self._last
         if self.reference is None:
             evidence = f"the loss was not finite {how_often} (now {value})"
         else:
