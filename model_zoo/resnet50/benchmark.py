@@ -179,7 +179,7 @@ def main(argv=None):
         if "error" in record:
             continue
         steps = np.asarray(record["steps"])
-        record.update(first_step_s=float(steps[0]), median_ms=1e3 * float(np.median(steps)), mean_ms=1e3 * float(steps.mean()),
+        record.update(first_step_s=float(steps[0]), mean_ms=1e3 * float(steps.mean()),
                       images_per_s=batch / float(steps.mean()))
         record["medians"] = {kind: float(np.median([t for t, k in zip(steps, record["kinds"]) if k == kind]))
                              if kind in record["kinds"] else None for kind in KINDS}
