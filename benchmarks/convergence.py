@@ -58,6 +58,7 @@ import mindspore as ms  # noqa: E402
 from mindspore import nn, Tensor  # noqa: E402
 
 import mindspore_ngd as ngd  # noqa: E402
+from mindspore_ngd.train.divergence import step_loss  # noqa: E402
 from . import parse_names, save_results  # noqa: E402
 from .baselines import BranchedAdam, BranchedMomentum  # noqa: E402
 from .data import DataUnavailable  # noqa: E402
@@ -269,7 +270,7 @@ def run_one(task, arrays, optimizer, lr, damping, seed, epochs, progress=None, m
     losses = []                                      # every step's loss, for reading a stop afterwards
 
     def observe(loss):
-        value = float(loss.asnumpy() if hasattr(loss, "asnumpy") else loss)
+        value = step_loss(loss)
         losses.append(value)
         try:
             watch.observe(value)

@@ -19,12 +19,13 @@ from .. import _validate
 from ..optim.divergence import ADVICE, DIVERGED
 from .callbacks import TrainingGuard
 
-__all__ = ["DivergenceMonitor", "with_divergence_stops"]
+__all__ = ["DivergenceMonitor", "with_divergence_stops", "step_loss"]
 
 
-def _loss_value(outputs):
-    """The scalar loss of a step's outputs: a Tensor, a number, or the tuple of a loss-scale train
-    cell (loss, overflow, scale), whose first item is the loss."""
+def step_loss(outputs):
+    """The scalar loss of a step's outputs, as a float (None when there is none): a Tensor, a number,
+    or the tuple of a loss-scale train cell (loss, overflow, scale), whose first item is the loss.
+    What :class:`DivergenceMonitor` reads; the benchmarks record each step's loss with it too."""
     if isinstance(outputs, (tuple, list)):
         if not outputs:
             return None
@@ -109,7 +110,7 @@ class DivergenceMonitor(Callback):
         the divergence error when ``patience`` of the last ``2 * patience`` losses exceeded the
         threshold or were not finite."""
         self.steps += 1
-        value = _loss_value(loss)
+        value = step_loss(loss)
         if value is None:
             return
         self._last = value
