@@ -221,7 +221,9 @@ class NormCapture(nn.Cell):
         # the hook sits outside the branch: a hook inside a value-returning branch fails to compile
         probe = self.grad_hook(self._unit_probe(gamma, x.shape[0], x.ndim))
         if self.capture_f:
-            xhat = self._normalized(x, self.eps)
+            # the probe is zero, so no gradient reaches x through xhat: without its backward pass
+            # the step keeps no activation-sized tensors of it and compiles fewer nodes
+            xhat = ops.stop_gradient(self._normalized(x, self.eps))
             # the probe spread to the activations' shape first: a broadcasting Mul or Add keeps 16 bytes
             # per output element in MindSpore 2.10's CPU kernel (factors.spread)
             shape = xhat.shape
