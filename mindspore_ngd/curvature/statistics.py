@@ -8,7 +8,8 @@ from mindspore import ops
 
 from .._graph import choose
 
-__all__ = ["relative_change", "relative_changes", "damped_square_norm", "fold_statistic"]
+__all__ = ["relative_change", "change_of_norms", "relative_changes", "damped_square_norm", "fold_statistic",
+           "blend"]
 
 
 def relative_change(new, old, reference=None):
@@ -17,12 +18,17 @@ def relative_change(new, old, reference=None):
 
     ``reference``: the squared norm to measure against instead of ``|old|_F^2``, e.g. that of the
     damped statistic the inverse is taken of (:func:`damped_square_norm`)."""
-    old_norm = ops.reduce_sum(old * old)
     diff = new - old
+    return change_of_norms(ops.reduce_sum(diff * diff), ops.reduce_sum(old * old), reference)
+
+
+def change_of_norms(diff_norm, old_norm, reference=None):
+    """:func:`relative_change` from its squared norms ``|new - old|_F^2`` and ``|old|_F^2`` (and
+    ``reference``), scalars or vectors with one entry per statistic."""
     has_old = old_norm > 0
     base = old_norm if reference is None else reference
-    change = ops.sqrt(ops.reduce_sum(diff * diff) / ops.where(has_old, base, ops.ones_like(base)))
-    return ops.where(has_old, change, ops.fill(ms.float32, (), float("inf")))
+    change = ops.sqrt(diff_norm / ops.where(has_old, base, ops.ones_like(base)))
+    return ops.where(has_old, change, ops.fill(ms.float32, change.shape, float("inf")))
 
 
 def relative_changes(new, old):
@@ -54,11 +60,18 @@ def fold_statistic(average, updates, batch, captured, decay, track_changes, refe
     """
     finite = ops.all(ops.isfinite(batch))
     take = ops.logical_and(captured, finite)
-    blended = decay * average + (1.0 - decay) * batch
-    blended = choose(updates == 0, batch, blended)
-    new = choose(take, blended, average)
+    new = blend(average, batch, updates == 0, take, decay)
     rejected = ops.cast(ops.logical_and(captured, ops.logical_not(finite)), ms.int32)
     change = None
     if track_changes:
         change = ops.where(take, relative_change(new, average, reference), -ops.ones((), ms.float32))
     return new, updates + ops.cast(take, ms.int32), rejected, change
+
+
+def blend(average, batch, first, take, decay):
+    """The moving average's elementwise step: ``decay average + (1 - decay) batch``, ``batch`` itself
+    where ``first``, and ``average`` unchanged where not ``take``. ``first`` and ``take`` are 0-d, or
+    one flag per row of stacked statistics (shape (rows, 1))."""
+    blended = decay * average + (1.0 - decay) * batch
+    blended = choose(first, batch, blended)
+    return choose(take, blended, average)

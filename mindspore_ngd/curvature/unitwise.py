@@ -15,7 +15,7 @@ from mindspore import nn, ops, Parameter, Tensor
 
 from ..capture import NormCapture
 from .factors import unit_natural_gradient
-from .statistics import fold_statistic
+from .statistics import blend, change_of_norms
 
 __all__ = ["UnitBatchNormBlock", "UnitWiseGroup", "unit_damped_square_norm"]
 
@@ -55,15 +55,6 @@ class UnitBatchNormBlock(nn.Cell):
     def batch(self, token):
         return ops.depend(self.capture.f_batch, token)
 
-    def fold(self, fisher, count, batch, flag, decay, track_changes, damping=None):
-        """``(new F, new count, rejected, change)`` of the Fisher ``fisher`` that has taken ``count``
-        batches, as :func:`mindspore_ngd.curvature.statistics.fold_statistic`; with ``damping`` (the
-        BatchNorm damping) the change is measured against the damped 2x2 blocks ``F_c + damping I``."""
-        reference = None
-        if track_changes and damping is not None:
-            reference = unit_damped_square_norm(fisher, damping)
-        return fold_statistic(fisher, count, batch, flag, decay, track_changes, reference)
-
     def write_factors(self, fisher):
         ops.assign(self.fisher, fisher)
 
@@ -80,9 +71,11 @@ class UnitWiseGroup(nn.Cell):
     and the loss-scale probe).
 
     Every BatchNorm channel is its own 2x2 problem, so the layers' channels are concatenated and the
-    solves and the never-captured selection run once over all of them, not once per layer; only
-    gathering the gradients, the fold, the KL clip's dot products and the cut back into layers stay per
-    layer. The results, and those dot products, are bit-identical to the per-layer computation.
+    fold, the solves and the never-captured selection run once over all of them, not once per layer;
+    only gathering the gradients, the KL clip's dot products, the Fishers' writes and the cut back into
+    layers stay per layer. The results, and those dot products, are bit-identical to the per-layer
+    computation; the relative changes the refresh rule reads sum in another order (last-bit
+    differences).
 
     Args:
         blocks (list of UnitBatchNormBlock): the optimizer's BatchNorm blocks, in order (at least one).
@@ -108,6 +101,7 @@ class UnitWiseGroup(nn.Cell):
         self.beta_indices = tuple(b.beta_index for b in blocks)
         # layer of every stacked channel: picks each channel's has-a-Fisher flag from the per-layer vector
         self.layer_of_row = Tensor(np.repeat(np.arange(self.count, dtype=np.int32), self.sizes))
+        self.channels = Tensor(np.array(self.sizes, np.float32))
 
     # ------------------------------------------------------------------ the Fishers
     def fishers(self):
@@ -133,21 +127,41 @@ class UnitWiseGroup(nn.Cell):
 
     def folded(self, fishers, counts, batches, flags, finite):
         """Every layer's fold of its (unscaled) batch in ``batches`` into ``fishers`` (``counts``: their
-        update counts, a vector), each taken when its capture flag in ``flags`` is set and the step is
-        ``finite``: (new Fishers, new counts as a vector, rejected count, changes as a vector or -1s)."""
-        f_each = ops.unstack(counts)
-        new, new_counts, changes = (), (), ()
-        faults = ops.zeros((), ms.int32)
-        for j in range(self.count):
-            fisher, count, bad, change = self.blocks[j].fold(
-                fishers[j], f_each[j], batches[j], ops.logical_and(flags[j], finite), self.factor_decay,
-                self.track_changes, self.change_damping)
-            new += (fisher,)
-            new_counts += (count,)
-            changes += (change,)
-            faults = faults + bad
-        changes = ops.stack(changes) if self.track_changes else -ops.ones((self.count,), ms.float32)
-        return new, ops.stack(new_counts), faults, changes
+        update counts, a vector), each taken when its capture flag in ``flags`` is set, the step is
+        ``finite`` and the layer's batch is finite: (new Fishers, new counts as a vector, rejected count,
+        changes as a vector or -1s).
+
+        One fold over the channels of every layer at once (:func:`~mindspore_ngd.curvature.statistics.blend`
+        with one flag per channel), the per-layer sums of the rejection and the change taken by segment:
+        the same arithmetic as :func:`~mindspore_ngd.curvature.statistics.fold_statistic` per layer, with
+        the change's sums in another order, and no per-layer copy of it in the step's graph."""
+        average, batch = ops.concat(fishers), ops.concat(batches)
+        bad = ops.cast(ops.logical_not(ops.isfinite(batch)), ms.float32).sum(1)
+        layer_finite = self._per_layer(bad) == 0
+        captured = ops.logical_and(ops.stack(flags), finite)
+        take = ops.logical_and(captured, layer_finite)
+        rejected = ops.reduce_sum(ops.cast(ops.logical_and(captured, ops.logical_not(layer_finite)), ms.int32))
+        new = blend(average, batch, self._per_row(counts == 0), self._per_row(take), self.factor_decay)
+        changes = -ops.ones((self.count,), ms.float32)
+        if self.track_changes:
+            diff = new - average
+            old_norm = self._per_layer((average * average).sum(1))
+            reference = None
+            if self.change_damping is not None:       # |F_c + damping I|^2 over the layer's channels
+                damping = self.change_damping
+                reference = (old_norm + 2.0 * damping * self._per_layer((average * _DIAGONAL).sum(1))
+                             + 2.0 * damping * damping * self.channels)
+            changes = ops.where(take, change_of_norms(self._per_layer((diff * diff).sum(1)), old_norm, reference),
+                                changes)
+        return self.split(new), counts + ops.cast(take, ms.int32), rejected, changes
+
+    def _per_layer(self, values):
+        """Sums of a per-channel vector over each layer's channels, a (layers,) vector."""
+        return ops.unsorted_segment_sum(values, self.layer_of_row, self.count)
+
+    def _per_row(self, flags):
+        """A per-layer flag vector as one flag per stacked channel, shape (channels, 1)."""
+        return (ops.gather(ops.cast(flags, ms.float32), self.layer_of_row, 0) > 0.5).reshape(-1, 1)
 
     def unchanged(self):
         """(rejected count, changes) of a step that folds nothing: zero, -1s."""
