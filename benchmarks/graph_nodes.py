@@ -1,7 +1,7 @@
 """What one more preconditioned layer adds to the compiled training step: nodes, by source file, and kept memory.
 
     python -m benchmarks.graph_nodes [--layers 4,8] [--width 64] [--optimizers momentum,kfac,thor,spngd]
-        [--lean] [--top 12] [--out results/]
+        [--model mlp|convbn] [--lean] [--top 12] [--out results/]
 
 A stack of ``n`` Dense layers of one width (:mod:`benchmarks.memory`'s ``mlp`` model, each optimizer as
 that benchmark builds it) is compiled as ``nn.TrainOneStepCell`` twice per layer count, each time in a
@@ -14,7 +14,9 @@ fresh child process:
 
 The differences between two layer counts, divided by the layers added, are what one more layer costs:
 nodes, kept MB and compile seconds, and the nodes per source file of this project. Every layer has the
-same shapes, so the slopes do not depend on which layer is added. ``--lean`` also compiles the
+same shapes, so the slopes do not depend on which layer is added. ``--model convbn`` compiles
+:mod:`benchmarks.memory`'s Conv2d-BatchNorm blocks instead (16x16 images, ``--width`` channels, batch
+8): one layer is then a convolution and its BatchNorm, which SP-NGD captures unit-wise. ``--lean`` also compiles the
 natural-gradient optimizers' lean graph (the one :class:`mindspore_ngd.NGDTrainOneStepCell` runs on
 steps that capture nothing: no capture branches, no fold), which splits the cost of capturing and
 folding from the rest.
@@ -35,8 +37,9 @@ from .memory import OPTIMIZERS, trimmed_rss_mb
 _PROJECT = ROOT.rstrip(os.sep) + os.sep
 
 
-def _step(name, layers, width, lean):
-    """The compiled-to-be training step of ``name`` on ``layers`` Dense layers, and its inputs."""
+def _step(name, layers, width, lean, model="mlp"):
+    """The compiled-to-be training step of ``name`` on ``layers`` Dense layers (``model`` "convbn": conv-BatchNorm
+    blocks of ``width`` channels on 16x16 images), and its inputs."""
     import numpy as np
     import mindspore as ms
     from mindspore import nn, Tensor
@@ -44,7 +47,7 @@ def _step(name, layers, width, lean):
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     ms.set_seed(0)
-    args = memory.parse(["--model", "mlp", "--layers", str(layers), "--width", str(width)])
+    args = memory.parse(["--model", model, "--layers", str(layers), "--width", str(width), "--image", "16"])
     network, shape = memory._network(args)
     opt = memory._optimizer(name, network)
     if lean:
@@ -66,9 +69,9 @@ def _source_file(where):
     return path.split(os.sep + "site-packages" + os.sep, 1)[-1]
 
 
-def worker(name, layers, width, lean, what):
+def worker(name, layers, width, lean, what, model="mlp"):
     """One measurement in this process (``what``: "memory" or "nodes"); print it as JSON."""
-    step, inputs = _step(name, layers, width, lean)
+    step, inputs = _step(name, layers, width, lean, model)
     result = {"optimizer": name, "layers": layers, "lean": lean, "what": what}
     if what == "memory":
         before = trimmed_rss_mb()
@@ -86,9 +89,10 @@ def worker(name, layers, width, lean, what):
     print_result(result)
 
 
-def measure(name, layers, width, lean, what):
+def measure(name, layers, width, lean, what, model="mlp"):
     """:func:`worker` in a child process; its result dict (``error`` set if it failed)."""
-    argv = ["--worker", what, "--optimizers", name, "--layers", str(layers), "--width", str(width)]
+    argv = ["--worker", what, "--optimizers", name, "--layers", str(layers), "--width", str(width),
+            "--model", model]
     result, proc = run_child("benchmarks.graph_nodes", argv + (["--lean"] if lean else []))
     if result is None:
         return {"optimizer": name, "layers": layers, "lean": lean, "what": what, "error": child_error(proc)}
@@ -154,7 +158,9 @@ def tables(summary, top):
 def parse(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", default="4,8", help="comma-separated Dense layer counts (two or more)")
-    parser.add_argument("--width", type=int, default=64, help="units per layer (default 64)")
+    parser.add_argument("--width", type=int, default=64, help="units per layer, or channels (default 64)")
+    parser.add_argument("--model", choices=("mlp", "convbn"), default="mlp",
+                        help="mlp: Dense layers (default); convbn: Conv2d-BatchNorm blocks (benchmarks.memory's)")
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS), help=f"comma-separated, from {list(OPTIMIZERS)}")
     parser.add_argument("--lean", action="store_true", help="also the natural-gradient optimizers' lean graph")
     parser.add_argument("--top", type=int, default=12, help="source files listed per optimizer (default 12)")
@@ -174,14 +180,16 @@ def parse(argv=None):
 def main(argv=None):
     args = parse(argv)
     if args.worker:
-        return worker(args.optimizers[0], args.layers[0], args.width, args.lean, args.worker)
+        return worker(args.optimizers[0], args.layers[0], args.width, args.lean, args.worker, args.model)
     rows = {}
     for name in args.optimizers:
         for lean in (False, True) if args.lean and name != "momentum" else (False,):
-            rows[(name, lean)] = {n: {what: measure(name, n, args.width, lean, what) for what in ("memory", "nodes")}
+            rows[(name, lean)] = {n: {what: measure(name, n, args.width, lean, what, args.model)
+                                      for what in ("memory", "nodes")}
                                   for n in args.layers}
     summary = summarize(rows)
-    print(f"\nDense stack of width {args.width}, {' and '.join(map(str, args.layers))} layers, "
+    stack = "Dense stack of width" if args.model == "mlp" else "Conv2d-BatchNorm stack (16x16 images) of channels"
+    print(f"\n{stack} {args.width}, {' and '.join(map(str, args.layers))} layers, "
           f"{time.strftime('%Y-%m-%d')}\n")
     print(tables(summary, args.top))
     if args.out:
