@@ -25,8 +25,14 @@ _DIAGONAL = Tensor(np.array([1.0, 0.0, 1.0], np.float32))      # F00, F01, F11: 
 def unit_damped_square_norm(fisher, damping):
     """The squared norm of the (C, 3) entries of ``F_c + damping I`` over every channel (each entry
     counted once, as :func:`~mindspore_ngd.curvature.statistics.relative_change` counts ``fisher``'s)."""
-    diagonal = ops.reduce_sum(fisher * _DIAGONAL)
-    return ops.reduce_sum(fisher * fisher) + 2.0 * damping * diagonal + 2.0 * damping * damping * fisher.shape[0]
+    return _damped_square(ops.reduce_sum(fisher * fisher), ops.reduce_sum(fisher * _DIAGONAL), fisher.shape[0],
+                          damping)
+
+
+def _damped_square(square, diagonal, channels, damping):
+    """:func:`unit_damped_square_norm` from the sums over the channels of the entries' squares and of the
+    diagonal entries, and the number of channels (scalars, or one entry per layer)."""
+    return square + 2.0 * damping * diagonal + 2.0 * damping * damping * channels
 
 
 class UnitBatchNormBlock(nn.Cell):
@@ -148,9 +154,8 @@ class UnitWiseGroup(nn.Cell):
             old_norm = self._per_layer((average * average).sum(1))
             reference = None
             if self.change_damping is not None:       # |F_c + damping I|^2 over the layer's channels
-                damping = self.change_damping
-                reference = (old_norm + 2.0 * damping * self._per_layer((average * _DIAGONAL).sum(1))
-                             + 2.0 * damping * damping * self.channels)
+                reference = _damped_square(old_norm, self._per_layer((average * _DIAGONAL).sum(1)), self.channels,
+                                           self.change_damping)
             changes = ops.where(take, change_of_norms(self._per_layer((diff * diff).sum(1)), old_norm, reference),
                                 changes)
         return self.split(new), counts + ops.cast(take, ms.int32), rejected, changes
