@@ -193,7 +193,9 @@ def test_thor_graph_has_block_splitting_and_spngd_the_batchnorm_probe():
     thor = audit.audit_optimizer("thor", "Ascend").operators()
     assert "PrimFunc_BatchMatMul" in thor        # split blocks are inverted/applied as a batch
     spngd = audit.audit_optimizer("spngd", "Ascend").operators()
-    assert "PrimFunc_RsqrtGrad" in spngd         # the unit-wise BatchNorm probe is differentiated
+    assert "StridedSliceGrad" in spngd           # the unit-wise BatchNorm probe is differentiated
+    # ... and its normalised input is not: it sits under stop_gradient (the probe is zero)
+    assert "PrimFunc_RsqrtGrad" not in spngd
 
 
 def test_host_call_graph_fails_the_strict_audit_naming_pyexecute():
