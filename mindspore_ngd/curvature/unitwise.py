@@ -17,21 +17,19 @@ from ..capture import NormCapture
 from .factors import unit_natural_gradient
 from .statistics import blend, change_of_norms
 
-__all__ = ["UnitBatchNormBlock", "UnitWiseGroup", "unit_damped_square_norm"]
+__all__ = ["UnitBatchNormBlock", "UnitWiseGroup", "unit_damped_square_norms"]
 
 _DIAGONAL = Tensor(np.array([1.0, 0.0, 1.0], np.float32))      # F00, F01, F11: the 2x2 blocks' diagonal
 
 
-def unit_damped_square_norm(fisher, damping):
-    """The squared norm of the (C, 3) entries of ``F_c + damping I`` over every channel (each entry
-    counted once, as :func:`~mindspore_ngd.curvature.statistics.relative_change` counts ``fisher``'s)."""
-    return _damped_square(ops.reduce_sum(fisher * fisher), ops.reduce_sum(fisher * _DIAGONAL), fisher.shape[0],
-                          damping)
-
-
-def _damped_square(square, diagonal, channels, damping):
-    """:func:`unit_damped_square_norm` from the sums over the channels of the entries' squares and of the
-    diagonal entries, and the number of channels (scalars, or one entry per layer)."""
+def unit_damped_square_norms(fisher, damping, layer_of_row, layers):
+    """Per layer, the squared norm of the (C, 3) entries of ``F_c + damping I`` over its channels (each
+    entry counted once, as :func:`~mindspore_ngd.curvature.statistics.relative_change` counts
+    ``fisher``'s). ``fisher``: every layer's channels stacked, (channels, 3); ``layer_of_row``: the
+    layer of each channel (int32); ``layers``: how many. A (layers,) vector."""
+    ones = ops.ones((fisher.shape[0],), ms.float32)
+    entries = ops.stack(((fisher * fisher).sum(1), (fisher * _DIAGONAL).sum(1), ones), 1)
+    square, diagonal, channels = ops.unstack(ops.unsorted_segment_sum(entries, layer_of_row, layers), 1)
     return square + 2.0 * damping * diagonal + 2.0 * damping * damping * channels
 
 
@@ -107,7 +105,6 @@ class UnitWiseGroup(nn.Cell):
         self.beta_indices = tuple(b.beta_index for b in blocks)
         # layer of every stacked channel: picks each channel's has-a-Fisher flag from the per-layer vector
         self.layer_of_row = Tensor(np.repeat(np.arange(self.count, dtype=np.int32), self.sizes))
-        self.channels = Tensor(np.array(self.sizes, np.float32))
 
     # ------------------------------------------------------------------ the Fishers
     def fishers(self):
@@ -153,9 +150,8 @@ class UnitWiseGroup(nn.Cell):
             diff = new - average
             old_norm = self._per_layer((average * average).sum(1))
             reference = None
-            if self.change_damping is not None:       # |F_c + damping I|^2 over the layer's channels
-                reference = _damped_square(old_norm, self._per_layer((average * _DIAGONAL).sum(1)), self.channels,
-                                           self.change_damping)
+            if self.change_damping is not None:
+                reference = unit_damped_square_norms(average, self.change_damping, self.layer_of_row, self.count)
             changes = ops.where(take, change_of_norms(self._per_layer((diff * diff).sum(1)), old_norm, reference),
                                 changes)
         return self.split(new), counts + ops.cast(take, ms.int32), rejected, changes

@@ -12,7 +12,7 @@ from mindspore.train import Model
 import mindspore_ngd as ngd
 from mindspore_ngd.curvature.factors import unit_natural_gradient
 from mindspore_ngd.curvature.statistics import damped_square_norm, relative_change
-from mindspore_ngd.curvature.unitwise import unit_damped_square_norm
+from mindspore_ngd.curvature.unitwise import unit_damped_square_norms
 from mindspore_ngd.schedule.rules import StaleIntervals, stale_intervals
 from nets import DenseNet, set_weights
 from reference import numpy_kfac as ref
@@ -108,10 +108,13 @@ def test_damped_square_norms_and_relative_change_equal_numpy():
     shift = np.float32(0.7)
     expected = np.sum((m.astype(np.float64) + shift * np.eye(6)) ** 2)
     np.testing.assert_allclose(damped_square_norm(Tensor(m), Tensor(shift)).asnumpy(), expected, rtol=1e-5)
-    # unit-wise Fisher entries (F00, F01, F11) per channel: the damping on F00 and F11, each entry once
-    f = rng.standard_normal((5, 3)).astype(np.float32)
-    expected_f = np.sum((f.astype(np.float64) + shift * np.array([1.0, 0.0, 1.0])) ** 2)
-    np.testing.assert_allclose(unit_damped_square_norm(Tensor(f), shift).asnumpy(), expected_f, rtol=1e-5)
+    # unit-wise Fisher entries (F00, F01, F11) per channel: the damping on F00 and F11, each entry once;
+    # two layers stacked (5 and 3 channels), one norm per layer
+    f = rng.standard_normal((8, 3)).astype(np.float32)
+    damped_f = (f.astype(np.float64) + shift * np.array([1.0, 0.0, 1.0])) ** 2
+    expected_f = [np.sum(damped_f[:5]), np.sum(damped_f[5:])]
+    rows = Tensor(np.array([0] * 5 + [1] * 3, np.int32))
+    np.testing.assert_allclose(unit_damped_square_norms(Tensor(f), float(shift), rows, 2).asnumpy(), expected_f, rtol=1e-5)
     new = m + rng.standard_normal((6, 6)).astype(np.float32)
     raw = np.linalg.norm(new.astype(np.float64) - m) / np.linalg.norm(m.astype(np.float64))
     damped = np.linalg.norm(new.astype(np.float64) - m) / np.sqrt(expected)
