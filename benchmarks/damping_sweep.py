@@ -24,6 +24,8 @@ import mindspore as ms  # noqa: E402
 from mindspore import nn, Tensor  # noqa: E402
 from mindspore.train import Callback, Model  # noqa: E402
 
+from mindspore_ngd.train.divergence import step_loss  # noqa: E402
+
 from . import save_results  # noqa: E402
 
 
@@ -38,13 +40,11 @@ class _LossLog(Callback):
     run, or a candidate stopping rule, afterwards."""
 
     def __init__(self):
-        from mindspore_ngd.train.divergence import step_loss
         super().__init__()
         self.losses = []
-        self._read = step_loss          # how DivergenceMonitor reads a step's outputs
 
-    def on_train_step_end(self, run_context):
-        self.losses.append(self._read(run_context.original_args().net_outputs))
+    def on_train_step_end(self, run_context):      # read as DivergenceMonitor reads a step's outputs
+        self.losses.append(step_loss(run_context.original_args().net_outputs))
 
 
 def run_one(kind, damping, lr, epochs, batch_size=64, seed=0, extra=None, monitor=False):

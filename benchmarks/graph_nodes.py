@@ -16,10 +16,10 @@ The differences between two layer counts, divided by the layers added, are what 
 nodes, kept MB and compile seconds, and the nodes per source file of this project. Every layer has the
 same shapes, so the slopes do not depend on which layer is added. ``--model convbn`` compiles
 :mod:`benchmarks.memory`'s Conv2d-BatchNorm blocks instead (16x16 images, ``--width`` channels, batch
-8): one layer is then a convolution and its BatchNorm, which SP-NGD captures unit-wise. ``--lean`` also compiles the
-natural-gradient optimizers' lean graph (the one :class:`mindspore_ngd.NGDTrainOneStepCell` runs on
-steps that capture nothing: no capture branches, no fold), which splits the cost of capturing and
-folding from the rest.
+8): one layer is then a convolution and its BatchNorm, which SP-NGD captures unit-wise. ``--lean``
+also compiles the natural-gradient optimizers' lean graph (the one
+:class:`mindspore_ngd.NGDTrainOneStepCell` runs on steps that capture nothing: no capture branches, no
+fold), which splits the cost of capturing and folding from the rest.
 
 Why it matters: MindSpore 2.10 keeps host memory for every node of a compiled graph for as long as the
 graph lives (:mod:`benchmarks.graph_retention`), and on ResNet-50 that is the largest part of a

@@ -35,7 +35,6 @@ def test_one_more_layer_is_measured_by_source_file_and_the_lean_graph_is_smaller
     assert all(abs(r["loss"]) < 1e3 for r in saved["runs"] if r["what"] == "memory")
 
 
-
 @pytest.mark.slow
 def test_a_conv_batchnorm_pair_costs_sp_ngd_its_unit_wise_capture_on_top_of_k_fac():
     """``--model convbn``: one more Conv2d-BatchNorm pair. K-FAC leaves BatchNorm to the plain update;
@@ -49,6 +48,7 @@ def test_a_conv_batchnorm_pair_costs_sp_ngd_its_unit_wise_capture_on_top_of_k_fa
     assert 0 < kfac["nodes_per_layer"] < spngd["nodes_per_layer"]
     assert "mindspore_ngd/curvature/unitwise.py" not in kfac["files_per_layer"]
     assert spngd["files_per_layer"]["mindspore_ngd/curvature/unitwise.py"] > 0
+
 
 @pytest.mark.parametrize("argv, message", [(["--layers", "4"], "two or more different"),
                                            (["--layers", "4,4"], "two or more different"),

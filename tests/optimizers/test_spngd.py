@@ -114,7 +114,8 @@ def test_damped_square_norms_and_relative_change_equal_numpy():
     damped_f = (f.astype(np.float64) + shift * np.array([1.0, 0.0, 1.0])) ** 2
     expected_f = [np.sum(damped_f[:5]), np.sum(damped_f[5:])]
     rows = Tensor(np.array([0] * 5 + [1] * 3, np.int32))
-    np.testing.assert_allclose(unit_damped_square_norms(Tensor(f), float(shift), rows, 2).asnumpy(), expected_f, rtol=1e-5)
+    np.testing.assert_allclose(unit_damped_square_norms(Tensor(f), float(shift), rows, 2).asnumpy(), expected_f,
+                               rtol=1e-5)
     new = m + rng.standard_normal((6, 6)).astype(np.float32)
     raw = np.linalg.norm(new.astype(np.float64) - m) / np.linalg.norm(m.astype(np.float64))
     damped = np.linalg.norm(new.astype(np.float64) - m) / np.sqrt(expected)
