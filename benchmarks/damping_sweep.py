@@ -5,18 +5,21 @@
 
 Each optimizer at its constructor defaults (only ``learning_rate`` and ``damping`` set), trained
 through stock ``mindspore.train.Model.train`` on scikit-learn's digits (batch 64, same initial weights
-and data order for every run). A run ends either with a test accuracy or with
-the optimizer's divergence stop (``RuntimeError``, :func:`mindspore_ngd.is_divergence`); the table gives which, the skipped steps and the damping the
-optimizer ended with. ``--set key=value`` passes extra constructor arguments to every optimizer
-(e.g. ``--set adaptive_damping=False`` for the fixed-damping baseline). ``--monitor`` adds a
-:class:`mindspore_ngd.DivergenceMonitor` to the callbacks, as ``ConvertModelUtils``' THOR model and the
-model zoo's ``train.py`` do: its stop (a loss above 1.5x the first, or not finite, for 10 steps) then
-counts as "diverged" too.
+and data order for every run). A run ends either with a test accuracy or with the optimizer's divergence
+stop (``RuntimeError``, :func:`mindspore_ngd.is_divergence`); the table gives which, the skipped steps,
+the damping the optimizer ended with and how many times its initial norm the weights' norm ended at
+(the JSON keeps every step's loss and weight norm). ``--set key=value`` passes extra constructor
+arguments to every optimizer (e.g. ``--set adaptive_damping=False`` for the fixed-damping baseline).
+``--monitor`` adds a :class:`mindspore_ngd.DivergenceMonitor` at its defaults to the callbacks, as
+``ConvertModelUtils``' THOR model and the model zoo's ``train.py`` do: its stop then counts as
+"diverged" too.
 """
 import argparse
 import ast
 import os
 import time
+
+import numpy as np
 
 os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 
@@ -35,16 +38,25 @@ def _build(kind, net, lr, damping, extra):
     return cls(net, learning_rate=lr, damping=damping, verbose=False, **extra)
 
 
-class _LossLog(Callback):
-    """Keeps every step's loss (the first item of a loss-scale cell's output tuple), for reading a
-    run, or a candidate stopping rule, afterwards."""
+def _weight_norm(net):
+    """The 2-norm of all of ``net``'s trainable weights together, as a float (copied off the device)."""
+    return float(np.sqrt(sum(float(np.square(p.asnumpy().astype(np.float64)).sum()) for p in net.trainable_params())))
 
-    def __init__(self):
+
+class _LossLog(Callback):
+    """Keeps every step's loss (the first item of a loss-scale cell's output tuple) and the norm of the
+    weights before the first step and after every step, for reading a run, or a candidate stopping
+    rule, afterwards."""
+
+    def __init__(self, net):
         super().__init__()
+        self.net = net
         self.losses = []
+        self.weight_norms = [_weight_norm(net)]
 
     def on_train_step_end(self, run_context):      # read as DivergenceMonitor reads a step's outputs
         self.losses.append(step_loss(run_context.original_args().net_outputs))
+        self.weight_norms.append(_weight_norm(self.net))
 
 
 def run_one(kind, damping, lr, epochs, batch_size=64, seed=0, extra=None, monitor=False):
@@ -60,7 +72,7 @@ def run_one(kind, damping, lr, epochs, batch_size=64, seed=0, extra=None, monito
     model = Model(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean"), opt)
     start = time.perf_counter()
     outcome, reason = "trained", ""
-    log = _LossLog()
+    log = _LossLog(net)
     try:
         callbacks = [log] + ([ngd.DivergenceMonitor(name=type(opt).__name__)] if monitor else [])
         model.train(epochs, array_dataset(x_train, y_train, batch_size, seed=seed), callbacks=callbacks,
@@ -76,7 +88,8 @@ def run_one(kind, damping, lr, epochs, batch_size=64, seed=0, extra=None, monito
     return {"optimizer": kind, "damping": damping, "lr": lr, "outcome": outcome, "test_acc": acc,
             "skipped_steps": counters["skipped_steps"], "damping_end": counters["damping_boost"] * damping,
             "steps": counters["step"], "seconds": seconds, "reason": reason,
-            "step_losses": log.losses}
+            "step_losses": log.losses, "weight_norms": log.weight_norms,
+            "weight_growth": log.weight_norms[-1] / log.weight_norms[0]}
 
 
 def main(argv=None):
@@ -98,8 +111,8 @@ def main(argv=None):
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
     rows = []
-    header = ("| optimizer | damping | lr | outcome | test acc | skipped steps | damping at the end | s |\n"
-              "|---|---|---|---|---|---|---|---|")
+    header = ("| optimizer | damping | lr | outcome | test acc | skipped steps | damping at the end | "
+              "weight norm, last / first | s |\n|---|---|---|---|---|---|---|---|---|")
     print(header, flush=True)
     for kind in args.optimizers:
         for damping in args.dampings:
@@ -107,7 +120,8 @@ def main(argv=None):
                 row = run_one(kind, damping, lr, args.epochs, extra=extra, monitor=args.monitor)
                 rows.append(row)
                 print(f"| {kind} | {damping:g} | {lr:g} | {row['outcome']} | {row['test_acc']:.4f} | "
-                      f"{row['skipped_steps']} | {row['damping_end']:.3g} | {row['seconds']:.0f} |", flush=True)
+                      f"{row['skipped_steps']} | {row['damping_end']:.3g} | {row['weight_growth']:.3g} | "
+                      f"{row['seconds']:.0f} |", flush=True)
                 if row["reason"]:
                     print(f"    {row['reason'][:300]}", flush=True)
     bad = [r for r in rows if r["outcome"] == "trained" and r["test_acc"] < 0.90]

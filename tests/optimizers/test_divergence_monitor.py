@@ -223,3 +223,5 @@ def test_an_infinite_loss_with_finite_gradients_is_stopped_in_model_train():
     assert row["outcome"] == "diverged", row
     assert row["skipped_steps"] == 0 and row["steps"] == 66, row        # finite gradients throughout
     assert "or not finite on 30 of its last 40 steps, when the run ended" in row["reason"], row["reason"]
+    # the weights grew 19x in norm (6.4 to 122 on 2026-11-29); healthy runs of the sweep grew 3-7x
+    assert len(row["weight_norms"]) == 67 and row["weight_growth"] > 10, row["weight_norms"][::11]
