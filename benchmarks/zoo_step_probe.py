@@ -1,13 +1,15 @@
-"""Per-step probe of a model-zoo run: the loss, the update norm (all, convolutions, BatchNorm, classifier)
-and each parameter's update, of every step of ``model_zoo/resnet50/train.py``.
+"""Per-step probe of a model-zoo run: after every step of ``model_zoo/resnet50/train.py``, the loss, the
+update norm (all, convolutions, BatchNorm, classifier), each parameter's update, the step's time and, for
+a natural-gradient optimizer, its counters (``state_counters()``: SP-NGD's count each statistic's
+refreshes).
 
     python -m benchmarks.zoo_step_probe OUT.json [--factors] [--skip LAYER,...] -- TRAIN.PY ARGUMENTS
 
 Runs ``train.py`` in this process with every argument after ``--`` and one more callback, which
 copies the trainable parameters before and after each step (host copies: about 0.1 s a step for
-ResNet-50). ``--factors`` also records, after steps 0, 1 and 4, the trace of every stored A and G of
-a natural-gradient optimizer and the layers whose G is exactly zero. ``--skip`` leaves the named
-Dense/Conv2d cells un-preconditioned (``skip_layers`` of :class:`mindspore_ngd.NGDOptimizer`, which
+ResNet-50; the step's time leaves them out). ``--factors`` also records, after steps 0, 1 and 4, the
+trace of every stored A and G of a natural-gradient optimizer and the layers whose G is exactly zero.
+``--skip`` leaves the named Dense/Conv2d cells un-preconditioned (``skip_layers`` of :class:`mindspore_ngd.NGDOptimizer`, which
 the zoo's ``thor`` section does not expose), for diagnosis only. Used for issue 32's first-epoch
 measurements (docs/performance.md, "THOR's ImageNet recipes at small scale").
 """
@@ -15,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -30,6 +33,8 @@ def _group(name):
 def make_probe(optimizer, out_path, factors):
     from mindspore.train import Callback
 
+    import mindspore_ngd as ngd
+
     class StepProbe(Callback):
         def __init__(self):
             super().__init__()
@@ -38,8 +43,10 @@ def make_probe(optimizer, out_path, factors):
 
         def on_train_step_begin(self, run_context):
             self.before = [p.asnumpy().copy() for p in self.params]
+            self.start = time.perf_counter()
 
         def on_train_step_end(self, run_context):
+            seconds = time.perf_counter() - self.start        # the step alone: the copies are outside
             output = run_context.original_args().net_outputs
             loss = float((output[0] if isinstance(output, (tuple, list)) else output).asnumpy())
             per, groups = {}, {}
@@ -48,8 +55,10 @@ def make_probe(optimizer, out_path, factors):
                 per[p.name] = d2 ** 0.5
                 groups[_group(p.name)] = groups.get(_group(p.name), 0.0) + d2
             step = len(self.rows)
-            row = {"step": step, "loss": loss, "update_norm": sum(groups.values()) ** 0.5,
+            row = {"step": step, "loss": loss, "seconds": seconds, "update_norm": sum(groups.values()) ** 0.5,
                    "update_norms": {k: v ** 0.5 for k, v in groups.items()}, "per_parameter": per}
+            if isinstance(optimizer, ngd.NGDOptimizer):     # refresh counts so far (SP-NGD: per statistic)
+                row["counters"] = optimizer.state_counters()
             if factors and step in (0, 1, 4):
                 traces = {}
                 for block in getattr(optimizer, "blocks", ()):
@@ -57,7 +66,7 @@ def make_probe(optimizer, out_path, factors):
                         traces[f"{block.spec.name}.{tag}"] = float(np.trace(param.asnumpy()))
                 row["traces"] = traces
                 row["zero_G"] = [n for n, t in traces.items() if n.endswith(".G") and t == 0.0]
-            print("probe", json.dumps({k: v for k, v in row.items() if k not in ("per_parameter", "traces")}),
+            print("probe", json.dumps({k: v for k, v in row.items() if k not in ("per_parameter", "traces", "counters")}),
                   flush=True)
             self.rows.append(row)
             with open(out_path, "w", encoding="utf-8") as handle:
