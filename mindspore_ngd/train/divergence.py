@@ -17,9 +17,14 @@ from mindspore.train import Callback
 
 from .. import _validate
 from ..optim.divergence import ADVICE, DIVERGED
+from ..optim.engine import NGDOptimizer
 from .callbacks import TrainingGuard
 
-__all__ = ["DivergenceMonitor", "with_divergence_stops", "step_loss"]
+__all__ = ["DivergenceMonitor", "with_divergence_stops", "step_loss", "FIRST_ORDER_ADVICE"]
+
+# what the stop of a run with a first-order optimizer (nn.Momentum, nn.Adam, ...) tells the user to change:
+# it has no damping and no clip
+FIRST_ORDER_ADVICE = "Lower the learning rate, or lengthen its warm-up."
 
 
 def step_loss(outputs):
@@ -76,6 +81,10 @@ class DivergenceMonitor(Callback):
         patience (int): exploded steps among the last ``2 * patience`` before the stop; the end
             check reads at most the last ``patience`` steps (>= 1; default 40).
         name (str): the name in the message, for example ``type(optimizer).__name__``.
+        advice (Optional[str]): what the message tells the user to change. None (default): the
+            natural-gradient optimizers' advice (raise the damping, clip the update or lower the
+            learning rate); :func:`with_divergence_stops` gives a first-order optimizer
+            ``FIRST_ORDER_ADVICE`` (lower the learning rate).
 
     Attributes:
         reference (float or None): the first finite loss.
@@ -85,13 +94,16 @@ class DivergenceMonitor(Callback):
         worst (float): the largest ratio of a finite loss to the reference so far.
     """
 
-    def __init__(self, growth=1.5, patience=40, name="training"):
+    def __init__(self, growth=1.5, patience=40, name="training", advice=None):
         super().__init__()
         self.growth = _validate.growth_factor("growth", growth, "how many times the first loss counts as exploded")
         self.patience = _validate.positive_int("patience", patience)
         if not isinstance(name, str) or not name:
             raise TypeError(f"name must be a non-empty str, got {name!r}")
+        if advice is not None and (not isinstance(advice, str) or not advice):
+            raise TypeError(f"advice must be None or a non-empty str, got {advice!r}")
         self.name = name
+        self.advice = ADVICE if advice is None else advice
         self.reference = None
         self.run = 0
         self.longest = 0
@@ -155,7 +167,7 @@ class DivergenceMonitor(Callback):
                         f"{self.reference:.4g} or {'was ' if in_a_row else ''}not finite {how_often} "
                         f"(now {value:.4g})")
         raise RuntimeError(f"{self.name} {DIVERGED} {self.steps}: {evidence}; DivergenceMonitor "
-                           f"growth={self.growth:g}, patience={self.patience}. {ADVICE}")
+                           f"growth={self.growth:g}, patience={self.patience}. {self.advice}")
 
     def on_train_step_end(self, run_context):
         params = run_context.original_args()
@@ -168,15 +180,17 @@ class DivergenceMonitor(Callback):
 def with_divergence_stops(callbacks, optimizer):
     """``callbacks`` (None, one Callback or a list), as a new list, with the callbacks that stop a
     diverging run of ``optimizer`` appended unless they are there already: a :class:`DivergenceMonitor`
-    named after the optimizer, and a :class:`mindspore_ngd.TrainingGuard` when the optimizer runs
-    without host calls (Ascend, GPU: the step records a stop, the guard raises it on the host)."""
+    named after the optimizer (with ``FIRST_ORDER_ADVICE`` when it is not a natural-gradient optimizer),
+    and a :class:`mindspore_ngd.TrainingGuard` when the optimizer runs without host calls (Ascend, GPU:
+    the step records a stop, the guard raises it on the host)."""
     if callbacks is None:
         callbacks = []
     elif not isinstance(callbacks, (list, tuple)):
         callbacks = [callbacks]
     callbacks = list(callbacks)
     if not any(isinstance(c, DivergenceMonitor) for c in callbacks):
-        callbacks.append(DivergenceMonitor(name=type(optimizer).__name__))
+        advice = None if isinstance(optimizer, NGDOptimizer) else FIRST_ORDER_ADVICE
+        callbacks.append(DivergenceMonitor(name=type(optimizer).__name__, advice=advice))
     if not getattr(optimizer, "host_calls", True) and not any(isinstance(c, TrainingGuard) for c in callbacks):
         callbacks.append(TrainingGuard(optimizer))
     return callbacks

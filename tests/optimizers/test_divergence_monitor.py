@@ -188,10 +188,28 @@ def test_the_callback_reads_the_step_outputs_of_model_train():
     (dict(patience=0), ValueError, "patience"),
     (dict(patience=2.5), TypeError, "patience"),
     (dict(name=""), TypeError, "name"),
+    (dict(advice=""), TypeError, "advice"),
+    (dict(advice=3), TypeError, "advice"),
 ])
 def test_bad_arguments_are_named(kwargs, error, words):
     with pytest.raises(error, match=words):
         ngd.DivergenceMonitor(**kwargs)
+
+
+def test_a_first_order_optimizer_is_told_to_lower_its_learning_rate():
+    """train.py adds the monitor for nn.Momentum too, where damping and clipping mean nothing (2026-11-29:
+    the zoo's Momentum recipe at 224x224, batch 32, was stopped and told to raise the damping)."""
+    from mindspore_ngd.optim.divergence import ADVICE
+    from mindspore_ngd.train.divergence import FIRST_ORDER_ADVICE
+    net = ConvBNNet(widths=(1, 4, 8, 8))
+    monitor, = ngd.train.with_divergence_stops(None, nn.Momentum(net.trainable_params(), 0.1, 0.9))
+    with pytest.raises(RuntimeError) as info:
+        _feed(monitor, [2.3] + [10.0] * 40)
+    message = str(info.value)
+    assert ngd.is_divergence(info.value) and message.startswith("Momentum diverged at step 41"), message
+    assert message.endswith(" " + FIRST_ORDER_ADVICE) and "damping" not in message, message
+    natural, = ngd.train.with_divergence_stops(None, ngd.KFAC(net, 0.1, verbose=False))
+    assert natural.advice == ADVICE and "damping" in ADVICE
 
 
 def test_model_train_stops_a_finite_blow_up_before_the_optimizers_own_rule():
