@@ -231,11 +231,12 @@ def test_model_train_stops_a_finite_blow_up_before_the_optimizers_own_rule():
 
 
 def test_an_infinite_loss_with_finite_gradients_is_stopped_in_model_train():
-    """THOR (default clip) at damping 1e-4, lr 0.01 on the digits CNN: the loss falls to 0.2, then is inf
-    from step 49 while every gradient stays finite, so the optimizer's own rule never fires and the run
-    ended at 0.52 test accuracy without a word. With the monitor, as the models repository's flow and the
-    zoo's train.py add it, it is stopped with the reason: at its defaults by the end-of-run check that
-    Model.train calls (30 of the last 40 steps exploded, 2026-11-29; with patience 10, at step 42)."""
+    """THOR (default clip) at damping 1e-4, lr 0.01 on the digits CNN: the loss falls to 0.22, then is
+    inf on 24 of the steps from step 31 on while every gradient stays finite, so the optimizer's own
+    rule never fires and the run ends at 0.71 test accuracy without a word (2026-11-29). With the
+    monitor, as the models repository's flow and the zoo's train.py add it, it is stopped with the
+    reason: at its defaults by the end-of-run check that Model.train calls (30 of the last 40 steps
+    exploded, 2026-11-29; with patience 10, at step 42)."""
     from benchmarks.damping_sweep import run_one
     row = run_one("thor", 1e-4, 0.01, 3, monitor=True)
     assert row["outcome"] == "diverged", row
