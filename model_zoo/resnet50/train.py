@@ -92,7 +92,7 @@ def train(args, config):
     from src.callbacks import ThroughputMonitor
     from src.dataset import create_dataset
     from src.distributed import init_data_parallel, launched_distributed
-    from src.optimizer import build_optimizer, schedule_parameter_names, validate_sections
+    from src.optimizer import build_optimizer, schedule_parameter_names, statistics_note, validate_sections
     from src.resnet import build_network
     import mindspore_ngd as ngd
 
@@ -117,6 +117,9 @@ def train(args, config):
     network = build_network(config["net"], config["class_num"], config["net_options"])
     loss = nn.CrossEntropyLoss(reduction="mean", label_smoothing=config["label_smooth_factor"])
     optimizer, lr_values, _ = build_optimizer(config, network, steps_per_epoch, extra={"verbose": rank == 0})
+    note = statistics_note(optimizer, config, group_size)
+    if note:
+        log(note)
 
     initial_epoch = 0
     if args.resume_ckpt and args.pre_trained:

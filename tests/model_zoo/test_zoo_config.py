@@ -101,6 +101,24 @@ def test_spngd_sections_validate_against_the_constructor():
         zoo_opt.validate_sections(config)
 
 
+def test_spngd_without_a_moving_average_on_fewer_devices_gets_a_note():
+    """The SP-NGD recipe (factor_decay 0, 128 devices) on one device refreshes almost every statistic at
+    every step (docs/performance.md); train.py says so and what to set. Other cases get no note."""
+    config = zoo_config.load_config("resnet50_imagenet2012_spngd_bs4k")
+    net = build_network("resnet_cifar", 10, {"blocks_per_stage": 1, "width": 8})
+    opt, _, _ = zoo_opt.build_optimizer(config, net, 4, extra={"verbose": False})
+    note = zoo_opt.statistics_note(opt, config, 1)
+    assert "one step's 32 images, against the config's 4096" in note, note
+    assert note.endswith("--set spngd.factor_decay=0.9 averages them over refreshes"), note
+    assert zoo_opt.statistics_note(opt, config, 128) is None                  # the recipe's own devices
+    config["spngd"] = dict(config["spngd"], factor_decay=0.9)
+    averaged, _, _ = zoo_opt.build_optimizer(config, net, 4, extra={"verbose": False})
+    assert zoo_opt.statistics_note(averaged, config, 1) is None
+    kfac_config = smoke_config(optimizer="kfac", device_num=8)
+    kfac, _, _ = zoo_opt.build_optimizer(kfac_config, net, 4, extra={"verbose": False})
+    assert zoo_opt.statistics_note(kfac, kfac_config, 1) is None              # fixed intervals
+
+
 def test_missing_spngd_is_a_clear_error(monkeypatch):
     monkeypatch.delattr(mindspore_ngd, "SPNGD", raising=False)
     with pytest.raises(zoo_opt.OptimizerUnavailable, match="this mindspore_ngd has no SPNGD"):

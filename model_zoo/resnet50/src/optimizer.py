@@ -22,7 +22,7 @@ import inspect
 from .config import ConfigError
 
 __all__ = ["OPTIMIZERS", "OptimizerUnavailable", "constructor", "constructor_parameters", "split_section",
-           "validate_sections", "build_optimizer", "schedule_parameter_names"]
+           "validate_sections", "build_optimizer", "schedule_parameter_names", "statistics_note"]
 
 # section name -> (module, class)
 OPTIMIZERS = {
@@ -253,3 +253,26 @@ def schedule_parameter_names(optimizer):
     if isinstance(damping, nn.Cell):
         names.update(p.name for p in damping.get_parameters())
     return names
+
+
+def statistics_note(optimizer, config, group_size):
+    """train.py's note when adaptive refresh intervals (SP-NGD's) meet statistics without a moving
+    average (``factor_decay`` 0) on fewer devices than the config was published for; else None.
+
+    Each statistic is then one step's global batch, fewer images than the recipe's. Measured on the SP-NGD
+    recipe (chainerkfac's, 128 devices x 32 images) on one device on real images: 132-161 of its 161
+    statistics changed by more than the rule's threshold and were refreshed at each of the first 10
+    steps; with ``factor_decay`` 0.9 every interval doubled at each refresh (docs/performance.md)."""
+    from mindspore_ngd.schedule.rules import StaleIntervals
+    rule = getattr(getattr(optimizer, "policy", None), "refresh", None)
+    if not isinstance(rule, StaleIntervals) or not rule.adaptive or optimizer.factor_decay > 0:
+        return None
+    if group_size >= config["device_num"]:
+        return None
+    batch = config["batch_size"]
+    return (f"note: {type(optimizer).__name__} keeps no moving average of its statistics (factor_decay 0): each "
+            f"comes from one step's {batch * group_size} images, against the config's {batch * config['device_num']}. "
+            f"With one device's 32 images, ResNet-50's statistics changed by more than refresh_threshold "
+            f"{rule.threshold:g} from step to step and almost every one was refreshed at every step "
+            f"(model_zoo/resnet50/README.md); --set {config['optimizer']}.factor_decay=0.9 averages them over "
+            f"refreshes")
