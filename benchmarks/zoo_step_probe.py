@@ -9,9 +9,10 @@ Runs ``train.py`` in this process with every argument after ``--`` and one more 
 copies the trainable parameters before and after each step (host copies: about 0.1 s a step for
 ResNet-50; the step's time leaves them out). ``--factors`` also records, after steps 0, 1 and 4, the
 trace of every stored A and G of a natural-gradient optimizer and the layers whose G is exactly zero.
-``--skip`` leaves the named Dense/Conv2d cells un-preconditioned (``skip_layers`` of :class:`mindspore_ngd.NGDOptimizer`, which
-the zoo's ``thor`` section does not expose), for diagnosis only. Used for issue 32's first-epoch
-measurements (docs/performance.md, "THOR's ImageNet recipes at small scale").
+``--skip`` leaves the named Dense/Conv2d cells un-preconditioned (``skip_layers`` of
+:class:`mindspore_ngd.NGDOptimizer`, which the zoo's ``thor`` section does not expose), for diagnosis
+only. Used for issue 32's first-epoch measurements (docs/performance.md, "THOR's ImageNet recipes at
+small scale") and issue 36's SP-NGD steps on real images.
 """
 import argparse
 import json
@@ -66,8 +67,8 @@ def make_probe(optimizer, out_path, factors):
                         traces[f"{block.spec.name}.{tag}"] = float(np.trace(param.asnumpy()))
                 row["traces"] = traces
                 row["zero_G"] = [n for n, t in traces.items() if n.endswith(".G") and t == 0.0]
-            print("probe", json.dumps({k: v for k, v in row.items() if k not in ("per_parameter", "traces", "counters")}),
-                  flush=True)
+            shown = {k: v for k, v in row.items() if k not in ("per_parameter", "traces", "counters")}
+            print("probe", json.dumps(shown), flush=True)
             self.rows.append(row)
             with open(out_path, "w", encoding="utf-8") as handle:
                 json.dump(self.rows, handle)
