@@ -156,6 +156,11 @@ def train(args, config):
     # records on the device is raised on the host (TrainingGuard)
     callbacks = ngd.train.with_divergence_stops([throughput,            # throughput is a TimeMonitor
                                                  LossMonitor(config["log_interval"])], optimizer)
+    refresh = None
+    if getattr(getattr(getattr(optimizer, "policy", None), "refresh", None), "per_statistic", False):
+        # SP-NGD: each epoch's share of statistics refreshed per step (1: every statistic every step)
+        refresh = ngd.RefreshMonitor(optimizer, verbose=rank == 0)
+        callbacks.append(refresh)
     if config["save_checkpoint_epochs"] > 0:
         ckpt_config = CheckpointConfig(save_checkpoint_steps=steps_per_epoch * config["save_checkpoint_epochs"],
                                        keep_checkpoint_max=config["keep_checkpoint_max"],
@@ -178,6 +183,9 @@ def train(args, config):
                "config": config["config_path"], "steps_per_epoch": steps_per_epoch,
                "dataset_sink_mode": config["dataset_sink_mode"],
                "throughput": throughput.summary(), "eval": history}
+    if refresh is not None:
+        summary["refresh_ratio"] = [{"epoch": epoch, "steps": steps, "ratio": ratio}
+                                    for epoch, steps, ratio in refresh.history]
     with open(os.path.join(output_dir, f"summary_rank{rank}.json"), "w", encoding="utf-8") as handle:
         json.dump(summary, handle, indent=2)
     log(f"done: {summary['throughput']['images_per_s']:.1f} images/s per device after the first epoch; "

@@ -1,5 +1,6 @@
 """benchmarks.zoo_step_probe on the model zoo's cpu_smoke config: one row per step of train.py, with the
-loss, the update, the step's time and the optimizer's counters after that step."""
+loss, the update, the step's time and the optimizer's counters after that step; and train.py's own
+per-epoch refresh ratio of SP-NGD."""
 import json
 import os
 import subprocess
@@ -32,3 +33,9 @@ def test_probe_records_each_steps_time_and_spngd_refresh_counts(tmp_path):
     # never falls
     assert refreshes[0] > 0 and all(b >= a for a, b in zip(refreshes, refreshes[1:])), refreshes
     assert counters[0]["inverse_refreshes"] == 1 and counters[0]["skipped_steps"] == 0
+    # train.py's own record of SP-NGD's refreshes: the epoch's share of statistics refreshed per step
+    summary = json.loads((tmp_path / "run" / "summary_rank0.json").read_text())
+    statistics = refreshes[0]                                        # step 0 refreshes every statistic
+    expected = {"epoch": 1, "steps": 4, "ratio": pytest.approx(refreshes[-1] / (4 * statistics))}
+    assert summary["refresh_ratio"] == [expected], summary
+    assert "refresh ratio" in result.stderr
