@@ -157,7 +157,7 @@ def train(args, config):
     callbacks = ngd.train.with_divergence_stops([throughput,            # throughput is a TimeMonitor
                                                  LossMonitor(config["log_interval"])], optimizer)
     refresh = None
-    if getattr(getattr(getattr(optimizer, "policy", None), "refresh", None), "per_statistic", False):
+    if isinstance(optimizer, ngd.NGDOptimizer) and optimizer.policy.refresh.per_statistic:
         # SP-NGD: each epoch's share of statistics refreshed per step (1: every statistic every step)
         refresh = ngd.RefreshMonitor(optimizer, verbose=rank == 0)
         callbacks.append(refresh)
