@@ -239,20 +239,27 @@ def layer_flops(spec, batch, positions, split_dim=None):
 
 def layer_geometry(model_name, specs, batch=2):
     """``{layer: {"input": shape, "output": shape, "positions": T}}`` from one PyNative forward pass
-    of a fresh network with forward hooks (shapes at batch ``batch``; T does not depend on it)."""
+    of a fresh network of ``model_name`` with forward hooks (shapes at batch ``batch``; T does not
+    depend on it)."""
     ctor, shape, _ = MODELS[model_name]
+    return network_geometry(ctor, shape, specs, batch)
+
+
+def network_geometry(make_network, input_shape, specs, batch=2):
+    """:func:`layer_geometry` of the network ``make_network()`` builds, on zero inputs of shape
+    ``(batch,) + input_shape`` (the network is built and called in PyNative mode)."""
     names = {s.name for s in specs}
     mode = ms.get_context("mode")
     ms.set_context(mode=ms.PYNATIVE_MODE)
     try:
-        net = ctor()
+        net = make_network()
         seen, handles = {}, []
         for name, cell in net.cells_and_names():
             if name in names:
                 handles.append(cell.register_forward_hook(
                     lambda c, inputs, output, name=name: seen.__setitem__(
                         name, (tuple(inputs[0].shape), tuple(output.shape)))))
-        net(Tensor(np.zeros((batch,) + tuple(shape), np.float32)))
+        net(Tensor(np.zeros((batch,) + tuple(input_shape), np.float32)))
         for handle in handles:
             handle.remove()
     finally:
