@@ -78,6 +78,16 @@ class NGDTrainOneStepCell(nn.Cell):
         finally:
             self.optimizer._set_lean(False)
 
+    def compile_lean(self, *inputs):
+        """Compile the lean graph for ``inputs`` now, as ``compile`` (``Cell.compile``) does the full one,
+        instead of on the first step that captures nothing: to pay both compilations before training,
+        or to time them apart. Runs no step and changes no weight or state."""
+        self.optimizer._set_lean(True)
+        try:
+            self.lean.compile(*inputs)
+        finally:
+            self.optimizer._set_lean(False)
+
     def construct(self, *inputs):
         # reached only inside another graph or a sunk loop: the full step is correct on every step
         return self.full(*inputs)

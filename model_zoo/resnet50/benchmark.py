@@ -8,7 +8,9 @@
 Each optimizer's training cell (network, loss and optimizer built by the same factory as train.py,
 from the config's section; ``{optimizer}`` in ``--config_path`` is replaced by the optimizer's name, or
 ``--config_path`` names one config per optimizer, comma-separated in ``--optimizers``' order) is
-compiled (``Cell.compile``, timed alone), then runs ``--rounds`` interleaved rounds of ``--steps`` steps
+compiled (``Cell.compile``, timed alone; with ``--lean_step`` a natural-gradient optimizer trains with
+``mindspore_ngd.NGDTrainOneStepCell``, as ``train.py``'s ``lean_step: true``, and its lean graph is compiled
+and timed too, the compile time being both), then runs ``--rounds`` interleaved rounds of ``--steps`` steps
 on the same synthetic batch, so machine noise hits every optimizer alike. The network, image size and
 classes are the first config's (``--image_size`` overrides the size).
 
@@ -38,8 +40,10 @@ os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")   # CPU only; must precede t
 import numpy as np  # noqa: E402
 
 
-def _cell(config_name, optimizer, batch_size, steps_per_epoch, network_config=None):
+def _cell(config_name, optimizer, batch_size, steps_per_epoch, network_config=None, lean=False):
     from mindspore import nn
+
+    import mindspore_ngd as ngd
 
     from src.config import load_config
     from src.optimizer import build_optimizer
@@ -49,7 +53,8 @@ def _cell(config_name, optimizer, batch_size, steps_per_epoch, network_config=No
     network = build_network(net["net"], net["class_num"], net["net_options"])
     opt, _, _ = build_optimizer(config, network, steps_per_epoch, extra={"verbose": False})
     loss = nn.CrossEntropyLoss(reduction="mean", label_smoothing=config["label_smooth_factor"])
-    cell = nn.TrainOneStepCell(nn.WithLossCell(network, loss), opt, sens=config["loss_scale"])
+    step = ngd.NGDTrainOneStepCell if lean and isinstance(opt, ngd.NGDOptimizer) else nn.TrainOneStepCell
+    cell = step(nn.WithLossCell(network, loss), opt, sens=config["loss_scale"])
     cell.set_train()
     return cell, config
 
@@ -125,6 +130,9 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=10, help="steps per round")
     parser.add_argument("--out", default="", help="also write the results to this JSON file")
+    parser.add_argument("--lean_step", action="store_true",
+                        help="natural-gradient optimizers train with NGDTrainOneStepCell (train.py's lean_step: "
+                             "true); its lean graph is compiled with the full one, and the compile time is both")
     args = parser.parse_args(argv)
 
     import mindspore as ms
@@ -153,14 +161,21 @@ def main(argv=None):
     for name, config_name in zip(names, configs):
         ms.set_seed(0)
         try:
-            cell, config = _cell(config_name, name, batch, args.rounds * args.steps, first)
+            cell, config = _cell(config_name, name, batch, args.rounds * args.steps, first, args.lean_step)
         except OptimizerUnavailable as err:
             results[name] = {"error": str(err)}
             continue
         start = time.perf_counter()
         cell.compile(x, y)
         compile_s = time.perf_counter() - start
-        results[name] = {"config": config["config_path"], "compile_s": compile_s, "steps": [], "kinds": [],
+        lean_s = None
+        if hasattr(cell, "compile_lean"):
+            start = time.perf_counter()
+            cell.compile_lean(x, y)
+            lean_s = time.perf_counter() - start
+            compile_s += lean_s
+        results[name] = {"config": config["config_path"], "compile_s": compile_s, "lean_compile_s": lean_s,
+                         "steps": [], "kinds": [],
                          "shares": schedule_shares(cell.optimizer.policy.refresh, args.horizon)
                          if _is_natural_gradient(cell.optimizer) else {"plain": 1.0, "capture": 0.0, "refresh": 0.0}}
         cells[name] = cell
@@ -205,6 +220,10 @@ def main(argv=None):
               f"{_ms(med['capture'])} [{counts['capture']}] | {_ms(med['refresh'])} [{counts['refresh']}] | "
               f"{_ms(record['amortised_s'])}{_ratio(record['amortised_s'], reference.get('amortised_s'))} | "
               f"{record['mean_ms']:.1f} | {record['images_per_s']:.1f} |")
+    lean = [f"{name} {results[name]['lean_compile_s']:.1f} s" for name in names
+            if results[name].get("lean_compile_s") is not None]
+    if lean:
+        print("\nThe compile time includes the lean graph's (NGDTrainOneStepCell): " + ", ".join(lean) + ".")
     print(f"\n{args.rounds} interleaved rounds x {args.steps} steps ([n]: steps of that kind, the first included); "
           f"load average (1, 5, 15 min) at the end: {load}")
     if args.out:

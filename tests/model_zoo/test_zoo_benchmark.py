@@ -63,3 +63,21 @@ def test_two_optimizers_side_by_side_with_their_own_configs(tmp_path, capsys):
     assert "| kfac_every4.yaml | kfac |" in table and "[2]" in table and out.exists()
     with pytest.raises(SystemExit):
         zoo_benchmark.main(["--optimizers", "momentum,kfac,thor", "--config_path", "cpu_smoke,cpu_smoke"])
+
+
+@pytest.mark.slow
+def test_the_lean_step_is_timed_with_both_compilations(tmp_path, capsys):
+    """--lean_step: K-FAC trains with NGDTrainOneStepCell (train.py's lean_step: true); its lean graph is
+    compiled before the first step and counted in the compile time, and the steps are told apart as
+    without it."""
+    with open(os.path.join(ZOO, "configs", "cpu_smoke.yaml"), encoding="utf-8") as handle:
+        text = handle.read()
+    path = tmp_path / "kfac_every4.yaml"
+    path.write_text(text.replace("  inverse_update_interval: 2\n", "  inverse_update_interval: 4\n"))
+    results = zoo_benchmark.main(["--optimizers", "momentum,kfac", "--config_path", f"cpu_smoke,{path}",
+                                  "--rounds", "1", "--steps", "5", "--lean_step"])
+    kfac, momentum = results["kfac"], results["momentum"]
+    assert kfac["kinds"] == ["refresh", "plain", "capture", "plain", "refresh"]
+    assert 0 < kfac["lean_compile_s"] < kfac["compile_s"]
+    assert momentum["lean_compile_s"] is None                      # nn.Momentum keeps nn.TrainOneStepCell
+    assert "includes the lean graph's (NGDTrainOneStepCell): kfac" in capsys.readouterr().out

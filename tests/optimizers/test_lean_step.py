@@ -202,6 +202,23 @@ def test_factors_on_every_step_never_take_the_lean_graph():
     assert (step.full_steps, step.lean_steps) == (3, 0)
 
 
+def test_compile_lean_compiles_ahead_without_stepping():
+    ms.set_seed(0)
+    net = BNNet()
+    opt = ngd.KFAC(net, learning_rate=0.05, factor_update_interval=2, inverse_update_interval=2, verbose=False)
+    step = ngd.NGDTrainOneStepCell(nn.WithLossCell(net, CE), opt)
+    step.set_train()
+    before = _all_state(step)
+    step.compile(*batch(0))
+    step.compile_lean(*batch(0))
+    assert not opt._lean                                 # the switch is back off: the next step is full
+    _assert_same(before, _all_state(step))               # compiling ran no step
+    assert (step.full_steps, step.lean_steps) == (0, 0)
+    for i in range(2):
+        step(*batch(i))
+    assert (step.full_steps, step.lean_steps) == (1, 1)
+
+
 def test_bad_optimizers_are_refused_before_compiling():
     ms.set_seed(0)
     net = BNNet()
