@@ -78,10 +78,15 @@ class NGDTrainOneStepCell(nn.Cell):
         finally:
             self.optimizer._set_lean(False)
 
+    def compile(self, *inputs):
+        """Compile the full graph for ``inputs``: the graph a step that captures runs (``Cell.compile`` of
+        this cell would compile ``construct``, which a call from Python never runs). Runs no step."""
+        self.full.compile(*inputs)
+
     def compile_lean(self, *inputs):
-        """Compile the lean graph for ``inputs`` now, as ``compile`` (``Cell.compile``) does the full one,
-        instead of on the first step that captures nothing: to pay both compilations before training,
-        or to time them apart. Runs no step and changes no weight or state."""
+        """Compile the lean graph for ``inputs`` now, as :meth:`compile` does the full one, instead of on
+        the first step that captures nothing: to pay both compilations before training, or to time them
+        apart. Runs no step and changes no weight or state."""
         self.optimizer._set_lean(True)
         try:
             self.lean.compile(*inputs)

@@ -214,9 +214,12 @@ def test_compile_lean_compiles_ahead_without_stepping():
     assert not opt._lean                                 # the switch is back off: the next step is full
     _assert_same(before, _all_state(step))               # compiling ran no step
     assert (step.full_steps, step.lean_steps) == (0, 0)
+    compiled = (set(step.full.compile_cache), set(step.lean.compile_cache))
+    assert all(len(phases) == 1 for phases in compiled)  # each graph once, the one its steps run
     for i in range(2):
         step(*batch(i))
     assert (step.full_steps, step.lean_steps) == (1, 1)
+    assert (set(step.full.compile_cache), set(step.lean.compile_cache)) == compiled    # no compile on a step
 
 
 def test_bad_optimizers_are_refused_before_compiling():
