@@ -78,18 +78,18 @@ class NGDTrainOneStepCell(nn.Cell):
         finally:
             self.optimizer._set_lean(False)
 
-    def compile(self, *inputs):
+    def compile(self, *inputs, **kwargs):
         """Compile the full graph for ``inputs``: the graph a step that captures runs (``Cell.compile`` of
         this cell would compile ``construct``, which a call from Python never runs). Runs no step."""
-        self.full.compile(*inputs)
+        self.full.compile(*inputs, **kwargs)
 
-    def compile_lean(self, *inputs):
+    def compile_lean(self, *inputs, **kwargs):
         """Compile the lean graph for ``inputs`` now, as :meth:`compile` does the full one, instead of on
         the first step that captures nothing: to pay both compilations before training, or to time them
         apart. Runs no step and changes no weight or state."""
         self.optimizer._set_lean(True)
         try:
-            self.lean.compile(*inputs)
+            self.lean.compile(*inputs, **kwargs)
         finally:
             self.optimizer._set_lean(False)
 
