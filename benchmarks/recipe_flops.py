@@ -112,11 +112,11 @@ def measure(entry, batch, image_size, num_classes):
     network = build_network(config["net"], classes, config["net_options"])
     optimizer, _, _ = build_optimizer(config, network, 100, extra={"verbose": False})
     natural = isinstance(optimizer, NGDOptimizer)
-    specs = optimizer.layer_specs if natural else []
-    policy = optimizer.policy if natural else None
-    if not natural:           # the training arithmetic of the same layers, from a K-FAC view of the network
+    if natural:
+        specs, policy = optimizer.layer_specs, optimizer.policy
+    else:                     # the training arithmetic of the same layers, from a K-FAC view of the network
         import mindspore_ngd as ngd
-        specs = ngd.KFAC(network, learning_rate=0.1).layer_specs
+        specs, policy = ngd.KFAC(network, learning_rate=0.1, verbose=False).layer_specs, None
     geometry = network_geometry(lambda: network, (3, size, size), specs)
     flops = recipe_flops(specs, geometry, batch, policy)
     if not natural:
