@@ -48,12 +48,14 @@ def parse_entry(text):
 
 
 def capture_rows(batch, positions, is_spatial, fraction, stride, output_shape):
-    """Rows of one layer's batch statistics after ``stat_fraction`` and ``stat_stride``."""
-    examples = max(1, math.ceil(fraction * batch))
+    """Rows of one layer's batch statistics after ``stat_fraction`` (the capture's own
+    :func:`~mindspore_ngd.curvature.factors.kept_rows`) and ``stat_stride`` (the length of the
+    capture's ``[::s, ::s]`` slice of the output positions)."""
+    from mindspore_ngd.curvature.factors import kept_rows
     if is_spatial and stride > 1:
         height, width = output_shape[-2], output_shape[-1]
         positions = math.ceil(height / stride) * math.ceil(width / stride)
-    return examples * positions
+    return kept_rows(batch, fraction) * positions
 
 
 def recipe_flops(specs, geometry, batch, policy):
