@@ -103,6 +103,10 @@ class LayerCapture(nn.Cell):
         # a compile-time switch (set only while NGDTrainOneStepCell compiles or runs its lean graph): the
         # capture branches are left out of the graph, for steps on which no flag is set
         self.bypass = False
+        # a compile-time switch (set by the curvature estimator when its refresh rule captures every statistic on
+        # every step, as K-FAC's factor_update_interval=1): the batch statistics are taken without the run-time
+        # branch on their flags, which would always be taken (the branches cost compile time and a dispatch)
+        self.every_step = False
         # trace probes (THOR's trace rule): trace(A) / trace(G) of the batch, without forming the
         # factors, on steps whose trace_a / trace_g flag is set; the buffers exist only when asked for
         self.traces_enabled = bool(traces)
@@ -139,13 +143,18 @@ class LayerCapture(nn.Cell):
     def output_factor(self, dy):
         return self._output_factor(dy, self.g_scale, self.stat_fraction, self.stat_stride)
 
+    def _take_input(self, x):
+        ops.assign(self.a_batch, self.input_factor(x))
+        if self.has_positions:
+            ops.assign(self.positions, ops.fill(ms.float32, (), float(self._positions(x, self.geometry))))
+
     def capture_input(self, x):
         if self.bypass:                   # the lean graph of NGDTrainOneStepCell: no capture compiled in
             return x
-        if self.capture_a:
-            ops.assign(self.a_batch, self.input_factor(x))
-            if self.has_positions:
-                ops.assign(self.positions, ops.fill(ms.float32, (), float(self._positions(x, self.geometry))))
+        if self.every_step:
+            self._take_input(x)
+        elif self.capture_a:
+            self._take_input(x)
         if self.traces_enabled:
             if self.trace_a:
                 ops.assign(self.a_trace, self.input_trace(x))
@@ -170,7 +179,9 @@ class LayerCapture(nn.Cell):
     def save_output_factor(self, dy):
         if self.bypass:
             return self._summed(dy)
-        if self.capture_g:
+        if self.every_step:
+            ops.assign(self.g_batch, self.output_factor(dy))
+        elif self.capture_g:
             ops.assign(self.g_batch, self.output_factor(dy))
         if self.traces_enabled:
             if self.trace_g:

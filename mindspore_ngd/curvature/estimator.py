@@ -98,6 +98,11 @@ class BlockDiagonalCurvature(nn.Cell):
         context = BlockContext(prefix, index, policy, loss_scale, traces)
         self.blocks = nn.CellList([block_type_of(s).build(s, context, mine, k == reference)
                                    for k, (s, mine) in enumerate(zip(specs, owned))], auto_prefix=False)
+        # a rule that captures every statistic on every step (K-FAC's factors on every step) needs no run-time
+        # branch in the capture; the Monte-Carlo step captures G in a backward pass of its own
+        if policy.refresh.captures_every_step and policy.fisher == "empirical":
+            for block in self.blocks:
+                block.capture.every_step = True
         # the unit-wise blocks, run as one group (None without unit-wise BatchNorm layers); changes are
         # measured against the damped 2x2 blocks under a rule that asks for it (SP-NGD's)
         self.norm_group = UnitWiseGroup([block_type_of(s).build(s, context) for s in norm_specs], factor_decay,

@@ -108,6 +108,11 @@ class FixedInterval:
         _validate.positive_int("inverse_update_interval", self.inverse_interval)
         return self
 
+    @property
+    def captures_every_step(self):
+        """Whether every statistic is captured on every step (then the capture needs no run-time branch)."""
+        return self.factor_interval == 1
+
     def plan(self, total_steps):
         """``[(step, statistics captured, inverses recomputed)]`` for steps ``0 .. total_steps - 1``."""
         return [(step, bool(interval_due(step, self.factor_interval)),
@@ -157,6 +162,11 @@ class StaleIntervals:
         """Whether the optimizer measures changes against the damped statistics."""
         return self.adaptive and self.measure == "damped"
 
+    @property
+    def captures_every_step(self):
+        """Whether every statistic is captured on every step (``adaptive=False``)."""
+        return not self.adaptive
+
     def plan(self, changes_at, total_steps):
         """Twin of the graph rule for one statistic: ``[(step, interval after the refresh)]``.
 
@@ -200,6 +210,7 @@ class GrowingInterval:
 
     track_changes: ClassVar[bool] = False
     per_statistic: ClassVar[bool] = False
+    captures_every_step: ClassVar[bool] = False      # statistics at refresh points only
 
     def validated(self):
         _validate.positive_int("frequency", self.frequency)
