@@ -9,6 +9,7 @@ import pytest
 
 from mindspore import nn, Tensor
 
+import mindspore_ngd as ngd
 from mindspore_ngd.capture import LayerCapture, attach, current_capture, detach, find_batchnorms, find_layers
 
 
@@ -133,3 +134,20 @@ def test_attach_and_detach_change_the_class_only(pynative):
     assert [current_capture(c) for c in cells] == [None, None]
     assert [p.name for p in net.get_parameters()] == names
     np.testing.assert_array_equal(net(x).asnumpy(), plain)
+
+
+def _two_dense():
+    return nn.SequentialCell([nn.Dense(5, 4), nn.ReLU(), nn.Dense(4, 3)])
+
+
+@pytest.mark.parametrize("make, every_step", [
+    (lambda net: ngd.KFAC(net, learning_rate=0.1, verbose=False), True),                   # factors every step
+    (lambda net: ngd.KFAC(net, learning_rate=0.1, factor_update_interval=2, verbose=False), False),
+    (lambda net: ngd.KFAC(net, learning_rate=0.1, fisher="mc", verbose=False), False),      # its own step captures
+    (lambda net: ngd.SPNGD(net, learning_rate=0.1, verbose=False), False),                  # per-statistic intervals
+    (lambda net: ngd.SPNGD(net, learning_rate=0.1, stale=False, verbose=False), True),
+    (lambda net: ngd.THOR(net, 0.1, 1e-2, verbose=False), False),                           # refresh points only
+], ids=["kfac", "kfac-interval-2", "kfac-mc", "spngd", "spngd-not-stale", "thor"])
+def test_a_rule_that_captures_every_statistic_on_every_step_compiles_the_capture_without_its_branch(make, every_step):
+    opt = make(_two_dense())
+    assert [block.capture.every_step for block in opt.blocks] == [every_step, every_step]
