@@ -1,6 +1,7 @@
 """The loss-side divergence stop (mindspore_ngd.DivergenceMonitor, issue 32): a loss that explodes and
 stays finite stops the run with the optimizers' kind of error; healthy losses never do."""
 import os
+import re
 from math import inf, nan
 from types import SimpleNamespace
 
@@ -236,11 +237,14 @@ def test_an_infinite_loss_with_finite_gradients_is_stopped_in_model_train():
     rule never fires and the run ends at 0.71 test accuracy without a word (2026-11-29). With the
     monitor, as the models repository's flow and the zoo's train.py add it, it is stopped with the
     reason: at its defaults by the end-of-run check that Model.train calls (30 of the last 40 steps
-    exploded, 2026-11-29; with patience 10, at step 42)."""
+    exploded, 2026-11-29; with patience 10, at step 42). The count of exploded steps is not pinned: it
+    differs between runs of the same code once the run blows up (29 of 40 in a CI run on a loaded machine,
+    2026-12-01); the end check needs at least half of the stretch."""
     from benchmarks.damping_sweep import run_one
     row = run_one("thor", 1e-4, 0.01, 3, monitor=True)
     assert row["outcome"] == "diverged", row
     assert row["skipped_steps"] == 0 and row["steps"] == 66, row        # finite gradients throughout
-    assert "or not finite on 30 of its last 40 steps, when the run ended" in row["reason"], row["reason"]
+    found = re.search(r"or not finite on (\d+) of its last 40 steps, when the run ended", row["reason"])
+    assert found is not None and 20 <= int(found.group(1)) <= 40, row["reason"]
     # the weights grew 19x in norm (6.4 to 122 on 2026-11-29); healthy runs of the sweep grew 3-7x
     assert len(row["weight_norms"]) == 67 and row["weight_growth"] > 10, row["weight_norms"][::11]
