@@ -75,6 +75,10 @@ class THOR(NGDOptimizer):
     a Conv2d, from every ``stat_stride``-th output position per spatial direction, rescaled to estimate
     the full-batch factors (as :class:`mindspore_ngd.KFAC`); the trace probes of ``trace_threshold``
     always use the whole batch. ``sequence_approx`` ("expand" or "reduce") is as :class:`mindspore_ngd.KFAC`'s.
+    ``fisher`` ("empirical", default; or "mc") is as :class:`mindspore_ngd.KFAC`'s: with "mc" the G of each
+    refresh comes from labels sampled from the model (train with :class:`mindspore_ngd.MCFisherTrainStep`,
+    whose extra forward and backward pass runs only on the steps that capture a statistic), and needs
+    ``trace_threshold=None``.
     Distributed with ``trace_threshold``, the batch traces are
     averaged over the ranks and the owners of a layer decide whether its statistics moved; the
     decisions are shared so that every rank captures the same statistics.
@@ -91,13 +95,17 @@ class THOR(NGDOptimizer):
                  grad_worker_fraction=None, balance="compute",
                  adaptive_damping=True, divergence_patience=10, divergence_growth=1e3, params=None, strict=False,
                  host_calls="auto",
-                 stat_fraction=1.0, stat_stride=1, sequence_approx="expand", precondition_embeddings=True):
+                 stat_fraction=1.0, stat_stride=1, sequence_approx="expand", precondition_embeddings=True,
+                 fisher="empirical"):
         if batch_size is not None:
             _validate.positive_int("batch_size", batch_size)
         if split_indices is not None and not isinstance(split_indices, (list, tuple)):
             raise TypeError(f"split_indices must be a list of ints or None, got {type(split_indices).__name__}")
         if not isinstance(enable_clip_grad, bool):
             raise TypeError(f"enable_clip_grad must be a bool, got {type(enable_clip_grad).__name__}")
+        if fisher == "mc" and trace_threshold is not None:
+            raise ValueError("fisher='mc' needs trace_threshold=None: the trace probes measure G from the training "
+                             "labels, so they would compare it with a Monte-Carlo factor")
         # block-split factors invert cheaply: every layer under one branch at a refresh compiles faster
         # than a branch per layer (GrowingInterval.layer_branches)
         rule = GrowingInterval(frequency, frequency_growth, max_frequency, trace_threshold,
@@ -106,7 +114,7 @@ class THOR(NGDOptimizer):
                         kl_clip=kl_clip, jitter=jitter, split_dim=split_dim,
                         clip_norm=1.0 if enable_clip_grad else None, adaptive_damping=adaptive_damping,
                         stat_fraction=stat_fraction, stat_stride=stat_stride, sequence_approx=sequence_approx,
-                        precondition_embeddings=precondition_embeddings)
+                        precondition_embeddings=precondition_embeddings, fisher=fisher)
         super().__init__(network, learning_rate, damping=damping, momentum=momentum,
                          weight_decay=weight_decay, factor_decay=factor_decay, loss_scale=loss_scale,
                          policy=policy, nesterov=use_nesterov, decay_filter=decay_filter, verbose=verbose,

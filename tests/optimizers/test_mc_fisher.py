@@ -1,5 +1,5 @@
 """Monte-Carlo Fisher (``fisher="mc"`` with ``MCFisherTrainStep``): G from labels sampled from the
-model's own predictive distribution, for K-FAC and SP-NGD, alone and in ``Model.train``."""
+model's own predictive distribution, for K-FAC, SP-NGD and THOR, alone and in ``Model.train``."""
 import numpy as np
 import pytest
 
@@ -79,6 +79,36 @@ def test_mc_fisher_optimizer_without_the_mc_step_fails_clearly():
         train_step(net, opt)(*batch(0, shape=(5,)))
     with pytest.raises(ValueError, match="fisher='mc'"):
         ngd.MCFisherTrainStep(DenseNet(), CE, ngd.KFAC(DenseNet(), 0.1, verbose=False))
+
+
+def test_thor_takes_the_monte_carlo_fisher_only_at_its_refresh_points():
+    """THOR(fisher="mc"): the sampled-label pass runs on the steps that capture (0, f, 2f, ...), the
+    refresh's G is not the training labels' G, and the step returns the real loss."""
+    ms.set_seed(0)
+    net = DenseNet()
+    set_weights(net, np.random.default_rng(6), scale=0.8)
+    twin = DenseNet()
+    set_weights(twin, np.random.default_rng(6), scale=0.8)
+    rng = np.random.default_rng(7)
+    x = Tensor(rng.standard_normal((32, 5)).astype(np.float32))
+    labels = Tensor(rng.integers(0, 3, 32).astype(np.int32))
+    empirical = ngd.kronecker_factors(twin, CE, x, labels)["fc2"][1]
+    true_loss = float(nn.WithLossCell(twin, CE)(x, labels).asnumpy())
+    opt = ngd.THOR(net, 0.05, 0.03, frequency=3, verbose=False, fisher="mc")
+    step = ngd.MCFisherTrainStep(net, CE, opt, seed=3)
+    step.set_train()
+    sampled, losses = [], []
+    for _ in range(7):
+        sampled.append(bool(step.pending.asnumpy()))
+        losses.append(float(step(x, labels).asnumpy()))
+        if len(losses) == 1:
+            g_first = opt.blocks[1].g_factor.asnumpy().copy()
+    assert sampled == [True, False, False, True, False, False, True]
+    np.testing.assert_allclose(losses[0], true_loss, rtol=1e-6)
+    assert np.all(np.isfinite(g_first)) and not np.allclose(g_first, empirical, atol=1e-3)
+    assert losses[-1] < losses[0]
+    with pytest.raises(ValueError, match="trace_threshold=None"):
+        ngd.THOR(DenseNet(), 0.05, 0.03, trace_threshold=0.1, fisher="mc", verbose=False)
 
 
 def test_mc_fisher_trains_in_model_train():
