@@ -63,6 +63,28 @@ def _lean_model(network, loss, optimizer, metrics, manager, config):
     return Model(step, eval_network=evaluation, eval_indexes=[0, 1, 2], metrics=metrics)
 
 
+def _mc_fisher_model(network, loss, optimizer, metrics, config):
+    """``Model`` over ``mindspore_ngd.MCFisherTrainStep``, for an optimizer section with ``fisher: mc`` (G from
+    labels sampled from the network's own output; the gradients of the real loss train): float32, the
+    optimizer's fixed loss scale, steps driven from Python; evaluation as ``Model``'s own."""
+    from mindspore import nn
+    from mindspore.train import Model
+
+    import mindspore_ngd as ngd
+    if config["amp_level"] != "O0":
+        raise runtime.UsageError(f"fisher: mc trains in float32 (MCFisherTrainStep): set amp_level O0, "
+                                 f"got {config['amp_level']!r}")
+    if config["dataset_sink_mode"]:
+        raise runtime.UsageError("fisher: mc runs two graphs per step from Python (MCFisherTrainStep): set "
+                                 "dataset_sink_mode false")
+    if config["lean_step"]:
+        raise runtime.UsageError("fisher: mc and lean_step: true cannot be combined: MCFisherTrainStep drives "
+                                 "the capture itself")
+    step = ngd.MCFisherTrainStep(network, loss, optimizer)
+    evaluation = nn.WithEvalCell(network, loss)
+    return Model(step, eval_network=evaluation, eval_indexes=[0, 1, 2], metrics=metrics)
+
+
 def _fit(model, config, train_data, eval_data, callbacks, initial_epoch):
     """Train, evaluating with ``Model.fit`` when there is evaluation data; the evaluation history.
 
@@ -142,7 +164,9 @@ def train(args, config):
     loss_scale = config["loss_scale"]
     manager = FixedLossScaleManager(loss_scale, drop_overflow_update=False) if loss_scale != 1.0 else None
     metrics = {"top_1_accuracy": nn.Top1CategoricalAccuracy(), "top_5_accuracy": nn.Top5CategoricalAccuracy()}
-    if config["lean_step"]:
+    if isinstance(optimizer, ngd.NGDOptimizer) and optimizer.policy.fisher == "mc":
+        model = _mc_fisher_model(network, loss, optimizer, metrics, config)
+    elif config["lean_step"]:
         model = _lean_model(network, loss, optimizer, metrics, manager, config)
     else:
         model = Model(network, loss_fn=loss, optimizer=optimizer, metrics=metrics, loss_scale_manager=manager,

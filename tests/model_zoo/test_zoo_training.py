@@ -106,6 +106,18 @@ def test_lean_step_trains_to_the_same_checkpoint(kfac_run, tmp_path):
     assert refused.returncode != 0 and "lean_step: true needs a natural-gradient optimizer" in refused.stderr
 
 
+def test_fisher_mc_trains_through_the_monte_carlo_step(tmp_path):
+    """An optimizer section with ``fisher: mc`` trains through ``mindspore_ngd.MCFisherTrainStep`` (a plain
+    ``Model`` would stop at its first step with the optimizer's RuntimeError), evaluates and checkpoints; a
+    setting the step cannot honour is refused with the key to change, before anything compiles."""
+    result = _train(tmp_path, "kfac", "--set", "kfac.fisher=mc")
+    _check_trained(tmp_path, result.stdout, "kfac")
+    refused = run_script("run_standalone_train.sh", "synthetic", "cpu_smoke", "--optimizer", "kfac", "--set",
+                         "kfac.fisher=mc", "--amp_level", "O2", "--output_dir", str(tmp_path / "o2"))
+    assert refused.returncode != 0 and "fisher: mc trains in float32" in refused.stderr, refused.stderr[-2000:]
+    assert "loss is" not in refused.stdout
+
+
 def test_pre_trained_starts_from_the_network_weights(kfac_run, tmp_path):
     """--pre_trained (models repository): network weights from a checkpoint, a classifier of another
     class_num keeps its initial values, the optimizer and step counter start fresh; with --resume_ckpt
