@@ -177,10 +177,10 @@ def test_compile_phases_are_read_from_the_verbose_log_and_tabled():
     phases = cost_model.parse_phases(log)
     assert phases == pytest.approx({"type_inference": 11.4554, "optimize": 13.44, "task_emit": 2.49396})
     rows = [{"config": "cpu_smoke", "optimizer": "kfac", "batch": 8, "parameters": 29, "first_call_s": 25.0,
-             "median_step_s": 0.02, "compile_s": 24.98, "compile_ratio": 10.0, "phases": phases}]
+             "first_step_s": 0.5, "median_step_s": 0.02, "compile_s": 24.5, "compile_ratio": 10.0, "phases": phases}]
     table = cost_model.compile_markdown(rows)
     assert "| kfac | 11.5 | 13.4 | 2.5 | 27.4 |" in table
-    assert "| cpu_smoke | kfac | 8 | 29 | 25.0 |" in table
+    assert "| cpu_smoke | kfac | 8 | 29 | 25.0 | 0.5 | 20.0 | 24.5 | 10.00 |" in table
 
 
 def test_the_ratios_divide_by_the_faster_of_the_two_momentum_graphs(tmp_path):
