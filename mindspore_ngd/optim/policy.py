@@ -49,7 +49,8 @@ class Policy:
         damping_floor: the damping used is ``max(damping, damping_floor)`` (SP-NGD floors it at the
             weight-decay coefficient).
         fisher: "empirical" (G from the training labels) or "mc" (G from labels sampled from the
-            model's predictive distribution; needs :class:`mindspore_ngd.MCFisherTrainStep`).
+            model's predictive distribution; needs :class:`mindspore_ngd.MCFisherTrainStep`, and a refresh
+            rule without trace probes: ``trace_threshold`` None).
         adaptive_damping: multiply the damping by a factor >= 1 that rises when steps overshoot and
             falls back when they undershoot (:mod:`mindspore_ngd.optim.damping`); the given damping is
             the start and the floor.
@@ -110,6 +111,9 @@ class Policy:
         _validate.optional_positive_float("batchnorm_damping", self.batchnorm_damping)
         _validate.non_negative_float("damping_floor", self.damping_floor)
         _validate.one_of("fisher", self.fisher, FISHER_KINDS)
+        if self.fisher == "mc" and getattr(self.refresh, "trace_threshold", None) is not None:
+            raise ValueError("fisher='mc' needs trace_threshold=None: the trace probes measure G from the training "
+                             "labels, so they would compare it with a Monte-Carlo factor")
         if not isinstance(self.adaptive_damping, bool):
             raise TypeError(f"adaptive_damping must be a bool, got {type(self.adaptive_damping).__name__}")
         _validate.float_in_range("max_damping_boost", self.max_damping_boost, 1.0, float("inf"),

@@ -103,9 +103,6 @@ class THOR(NGDOptimizer):
             raise TypeError(f"split_indices must be a list of ints or None, got {type(split_indices).__name__}")
         if not isinstance(enable_clip_grad, bool):
             raise TypeError(f"enable_clip_grad must be a bool, got {type(enable_clip_grad).__name__}")
-        if fisher == "mc" and trace_threshold is not None:
-            raise ValueError("fisher='mc' needs trace_threshold=None: the trace probes measure G from the training "
-                             "labels, so they would compare it with a Monte-Carlo factor")
         # block-split factors invert cheaply: every layer under one branch at a refresh compiles faster
         # than a branch per layer (GrowingInterval.layer_branches)
         rule = GrowingInterval(frequency, frequency_growth, max_frequency, trace_threshold,

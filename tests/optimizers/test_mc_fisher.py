@@ -8,6 +8,7 @@ from mindspore import nn, ops, Tensor
 from mindspore.train import Model
 
 import mindspore_ngd as ngd
+from mindspore_ngd.schedule.rules import GrowingInterval
 from nets import BNNet, DenseNet, set_weights
 from training import batch, train_step
 
@@ -109,6 +110,9 @@ def test_thor_takes_the_monte_carlo_fisher_only_at_its_refresh_points():
     assert losses[-1] < losses[0]
     with pytest.raises(ValueError, match="trace_threshold=None"):
         ngd.THOR(DenseNet(), 0.05, 0.03, trace_threshold=0.1, fisher="mc", verbose=False)
+    with pytest.raises(ValueError, match="trace_threshold=None"):      # the policy's own check, for any optimizer
+        ngd.NGDOptimizer(DenseNet(), 0.05, verbose=False, policy=ngd.Policy(
+            name="custom", refresh=GrowingInterval(3, trace_threshold=0.1), fisher="mc"))
 
 
 def test_mc_fisher_trains_in_model_train():
