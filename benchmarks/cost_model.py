@@ -84,8 +84,8 @@ epochs (``--spngd-warmup 200``: 22 batches of 64 per epoch). Every optimizer see
 ``--config``, ``{optimizer}`` substituted, e.g. ``resnet50_imagenet2012_{optimizer}_8p`` at a small
 ``--batch``), built by the zoo's own factory (``model_zoo/resnet50/benchmark.py``): the compilation alone
 (``Cell.compile``, with the ratio to Momentum's, target <= 3x), step 0 (which refreshes every factor and
-inverse) and the median of a few later steps, for each optimizer. The kind ``momentum+capture`` is ``nn.Momentum`` training the network with
-K-FAC's capture attached and every capture flag on: what capturing the statistics inside the training
+inverse) and the median of a few later steps, for each optimizer. The kind ``momentum+capture`` is
+``nn.Momentum`` training the network with K-FAC's capture attached and every capture flag on: what capturing the statistics inside the training
 graph adds to the compile before the optimizer does anything (a floor for every optimizer here).
 ``--phases`` compiles each optimizer once more in a child process with MindSpore's verbose log on (``VLOG_v=1``) and reads the compiler's own timings of its phases from it
 (``[MsProfile]`` lines: ``type_inference``, ``optimize``, ``task_emit``, ...). The log slows the
