@@ -65,12 +65,15 @@ class LayerCapture(nn.Cell):
     dimensions per example (K-FAC-reduce, :mod:`mindspore_ngd.curvature.factors`); "expand" (default)
     flattens them to rows.
 
+    ``records_positions`` also writes ``positions`` (T, the output positions a Conv2d's A sums over)
+    with every captured A; only the "positions" damping split reads it.
+
     The formulas are those of the layer's :class:`~mindspore_ngd.capture.layer_types.LayerType`
     (``layer_type_of(spec)``), held as attributes so that the compiled graph calls them directly.
     """
 
     def __init__(self, spec, prefix, loss_scale=1.0, traces=False, sums_gradient=False, stat_fraction=1.0,
-                 stat_stride=1, sequence_approx="expand"):
+                 stat_stride=1, sequence_approx="expand", records_positions=False):
         super().__init__(auto_prefix=False)
         self.spec = spec
         base = f"{prefix}.{spec.name}"
@@ -80,11 +83,15 @@ class LayerCapture(nn.Cell):
         _scratch(self, "g_batch", Parameter(Tensor(_unseen((spec.g_dim, spec.g_dim))), name=f"{base}.g_batch",
                                             requires_grad=False))
         self.capture_a = Parameter(Tensor(True), name=f"{base}.capture_a", requires_grad=False)
-        # T, the output positions a Conv2d's A sums over (1 for a Dense), written with every captured A:
-        # the "positions" damping split (MindSpore's THOR) needs it; a shape, so the same every step
+        # T, the output positions a Conv2d's A sums over (1 for a Dense), written with every captured A
+        # when ``records_positions``: only the "positions" damping split (MindSpore's THOR) reads it; a
+        # shape, so the same every step. Each write is one more side effect in the forward pass, and on
+        # ResNet-50 the 53 writes cost a third of the capture's compile (docs/performance.md), so a block
+        # that never reads T does not ask for it.
         _scratch(self, "positions", Parameter(Tensor(np.float32(1)), name=f"{base}.positions", requires_grad=False))
         self.capture_g = Parameter(Tensor(True), name=f"{base}.capture_g", requires_grad=False)
         self.has_positions = layer_type.has_positions
+        self.records_positions = bool(records_positions) and self.has_positions
         self._input_factor, self._output_factor = layer_type.input_factor, layer_type.output_factor
         self._input_trace, self._positions = layer_type.input_trace, layer_type.positions
         self._output_trace = factors.output_trace
@@ -145,7 +152,7 @@ class LayerCapture(nn.Cell):
 
     def _take_input(self, x):
         ops.assign(self.a_batch, self.input_factor(x))
-        if self.has_positions:
+        if self.records_positions:
             ops.assign(self.positions, ops.fill(ms.float32, (), float(self._positions(x, self.geometry))))
 
     def capture_input(self, x):

@@ -131,7 +131,7 @@ class KroneckerBlock(nn.Cell):
         self.g_factor = _square(spec.g_dim, f"{base}.G", 0.0, owned)
         self.g_inverse = _identity_inverse(self.g_layout, f"{base}.G_inv", owned)
         self.capture = LayerCapture(spec, prefix, loss_scale, traces, sums_gradient, stat_fraction, stat_stride,
-                                    sequence_approx)
+                                    sequence_approx, records_positions=damping_split == "positions")
         # the fold and the refresh: one compiled copy per distinct shape, called by every layer of it
         self._folded_pair = per_shape_subgraph(folded_pair)
         self._refreshed_pair = per_shape_subgraph(refreshed_pair)

@@ -151,3 +151,27 @@ def _two_dense():
 def test_a_rule_that_captures_every_statistic_on_every_step_compiles_the_capture_without_its_branch(make, every_step):
     opt = make(_two_dense())
     assert [block.capture.every_step for block in opt.blocks] == [every_step, every_step]
+
+
+@pytest.mark.parametrize("make, records", [
+    (lambda net: ngd.KFAC(net, learning_rate=0.1, verbose=False), False),
+    (lambda net: ngd.SPNGD(net, learning_rate=0.1, verbose=False), False),
+    (lambda net: ngd.KFAC(net, learning_rate=0.1, damping_split="positions", verbose=False), True),
+    (lambda net: ngd.THOR(net, 0.1, 1e-2, verbose=False), True),                 # damping_split="positions"
+], ids=["kfac", "spngd", "kfac-positions", "thor"])
+def test_only_the_positions_damping_split_has_the_capture_record_a_convolutions_output_positions(make, records):
+    """T (a Conv2d's output positions) is written with A only where the damping split reads it: each write
+    is a side effect in the forward pass, which costs compile time. Where it is written it is T."""
+    from nets import ConvNet
+
+    net = ConvNet(2, 3, 3, 1, "valid", 0, 1, True, 3 * 5 * 5)          # 7x7 input -> 5x5 output: T = 25
+    opt = make(net)
+    conv, fc = opt.blocks
+    assert (conv.capture.records_positions, fc.capture.records_positions) == (records, False)
+    loss = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt)
+    step.set_train()
+    rng = np.random.default_rng(0)
+    step(Tensor(rng.standard_normal((4, 2, 7, 7)).astype(np.float32)), Tensor(np.array([0, 1, 2, 3], np.int32)))
+    assert float(conv.capture.positions.asnumpy()) == (25.0 if records else 1.0)
+    assert float(fc.capture.positions.asnumpy()) == 1.0
