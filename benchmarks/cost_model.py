@@ -83,7 +83,7 @@ epochs (``--spngd-warmup 200``: 22 batches of 64 per epoch). Every optimizer see
 **Compile (``--compile``).** The model zoo's ``cpu_smoke`` network and optimizers (or another zoo
 ``--config``, ``{optimizer}`` substituted, e.g. ``resnet50_imagenet2012_{optimizer}_8p`` at a small
 ``--batch``), built by the zoo's own factory (``model_zoo/resnet50/benchmark.py``): the compilation alone
-(``Cell.compile``, with the ratio to Momentum's, target <= 3x), step 0 (which refreshes every factor and
+(``Cell.compile``, with the ratio to Momentum's), step 0 (which refreshes every factor and
 inverse) and the median of a few later steps, for each optimizer. The kind ``momentum+capture`` is
 ``nn.Momentum`` training the network with K-FAC's capture attached and every capture flag on: what capturing the statistics inside the training
 graph adds to the compile before the optimizer does anything (a floor for every optimizer here).
@@ -753,7 +753,7 @@ def compile_phases(optimizer, config, batch):
 
 def compile_markdown(rows):
     lines = ["| config | optimizer | batch | parameters | first call s | step 0 s | median step ms | compile s "
-             "(`Cell.compile`) | compile x Momentum (target <= 3) |", "|---|---|---|---|---|---|---|---|---|"]
+             "(`Cell.compile`) | compile x Momentum |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['config']} | {r['optimizer']} | {r['batch']} | {r['parameters']} | {r['first_call_s']:.1f} | "
                      f"{r['first_step_s']:.1f} | {_ms(r['median_step_s'])} | {r['compile_s']:.1f} | "
