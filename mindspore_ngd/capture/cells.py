@@ -86,7 +86,7 @@ class LayerCapture(nn.Cell):
         # T, the output positions a Conv2d's A sums over (1 for a Dense), written with every captured A
         # when ``records_positions``: only the "positions" damping split (MindSpore's THOR) reads it; a
         # shape, so the same every step. Each write is one more side effect in the forward pass, and on
-        # ResNet-50 the 53 writes cost a third of the capture's compile (docs/performance.md), so a block
+        # ResNet-50 the 53 writes cost a third of the every-step capture's compile (docs/performance.md), so a block
         # that never reads T does not ask for it.
         _scratch(self, "positions", Parameter(Tensor(np.float32(1)), name=f"{base}.positions", requires_grad=False))
         self.capture_g = Parameter(Tensor(True), name=f"{base}.capture_g", requires_grad=False)
