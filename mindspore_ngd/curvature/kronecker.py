@@ -119,6 +119,8 @@ class KroneckerBlock(nn.Cell):
         super().__init__(auto_prefix=False)
         self.spec = spec
         self.damping_split = damping_split
+        # only the "positions" split reads T, the output positions the layer's A sums over
+        self.reads_positions = damping_split == "positions"
         self.inverse_method = inverse_method
         self.jitter = jitter
         self.weight_index = weight_index
@@ -131,7 +133,7 @@ class KroneckerBlock(nn.Cell):
         self.g_factor = _square(spec.g_dim, f"{base}.G", 0.0, owned)
         self.g_inverse = _identity_inverse(self.g_layout, f"{base}.G_inv", owned)
         self.capture = LayerCapture(spec, prefix, loss_scale, traces, sums_gradient, stat_fraction, stat_stride,
-                                    sequence_approx, records_positions=damping_split == "positions")
+                                    sequence_approx, records_positions=self.reads_positions)
         # the fold and the refresh: one compiled copy per distinct shape, called by every layer of it
         self._folded_pair = per_shape_subgraph(folded_pair)
         self._refreshed_pair = per_shape_subgraph(refreshed_pair)
@@ -194,7 +196,7 @@ class KroneckerBlock(nn.Cell):
     def positions(self):
         """T, the output positions the layer's A sums over (a float32 scalar; 1 for a Dense), as the last
         capture of A recorded it; None unless the damping split reads it ("positions")."""
-        if self.damping_split != "positions":
+        if not self.reads_positions:
             return None
         return self.capture.positions
 
